@@ -1,0 +1,170 @@
+"""Streaming events and the assembler that turns them into the ``Response`` ``generate`` gives.
+
+Block positions are ``index`` values: each block of the final message is announced by its
+first event at a fresh index, and the assembled message keeps blocks in index order. A
+backend's ``stream`` must assemble to exactly what its ``generate`` returns for the same reply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterable
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from .errors import Fault, LLMError
+from .types import (
+    Block,
+    Message,
+    OpaqueBlock,
+    Response,
+    Role,
+    StopReason,
+    TextBlock,
+    ToolUse,
+    Usage,
+    _Value,
+)
+
+
+class TextDelta(_Value):
+    type: Literal["text_delta"] = "text_delta"
+    index: int
+    text: str
+
+
+class ToolCallStart(_Value):
+    type: Literal["tool_call_start"] = "tool_call_start"
+    index: int
+    id: str
+    name: str
+
+
+class ToolCallDelta(_Value):
+    """A fragment of the call's arguments as JSON text; fragments concatenate."""
+
+    type: Literal["tool_call_delta"] = "tool_call_delta"
+    index: int
+    arguments: str
+
+
+class ToolCallEnd(_Value):
+    type: Literal["tool_call_end"] = "tool_call_end"
+    index: int
+
+
+class OpaqueDone(_Value):
+    """A complete provider-verbatim block (e.g. thinking with its signature)."""
+
+    type: Literal["opaque"] = "opaque"
+    index: int
+    block: OpaqueBlock
+
+
+class UsageUpdate(_Value):
+    """Usage so far; a later update replaces an earlier one."""
+
+    type: Literal["usage"] = "usage"
+    usage: Usage
+
+
+class Stop(_Value):
+    """The last event of a successful stream."""
+
+    type: Literal["stop"] = "stop"
+    stop_reason: StopReason
+    model: str = ""
+
+
+StreamEvent = Annotated[
+    TextDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | OpaqueDone | UsageUpdate | Stop,
+    Field(discriminator="type"),
+]
+
+
+class Assembler:
+    """Folds stream events into a ``Response``; raises ``LLMError`` on an incoherent stream."""
+
+    def __init__(self, provider: str = "stream") -> None:
+        self._provider = provider
+        self._texts: dict[int, list[str]] = {}
+        self._calls: dict[int, tuple[str, str, list[str]]] = {}
+        self._opaque: dict[int, OpaqueBlock] = {}
+        self._usage = Usage()
+        self._stop: Stop | None = None
+
+    def _bad(self, what: str) -> LLMError:
+        return LLMError(f"malformed stream: {what}", fault=Fault.TRANSIENT, provider=self._provider)
+
+    def feed(self, event: TextDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | OpaqueDone
+             | UsageUpdate | Stop) -> None:
+        if self._stop is not None:
+            raise self._bad(f"event {event.type!r} after stop")
+        match event:
+            case TextDelta(index=i, text=t):
+                self._texts.setdefault(i, []).append(t)
+            case ToolCallStart(index=i, id=cid, name=name):
+                self._calls[i] = (cid, name, [])
+            case ToolCallDelta(index=i, arguments=a):
+                if i not in self._calls:
+                    raise self._bad(f"arguments for tool call {i} before its start")
+                self._calls[i][2].append(a)
+            case ToolCallEnd(index=i):
+                if i not in self._calls:
+                    raise self._bad(f"end of tool call {i} before its start")
+            case OpaqueDone(index=i, block=b):
+                self._opaque[i] = b
+            case UsageUpdate(usage=u):
+                self._usage = u
+            case Stop():
+                self._stop = event
+
+    def response(self) -> Response:
+        if self._stop is None:
+            raise self._bad("ended without a stop event")
+        blocks: dict[int, Block] = {}
+        for i, parts in self._texts.items():
+            blocks[i] = TextBlock(text="".join(parts))
+        for i, (cid, name, parts) in self._calls.items():
+            raw = "".join(parts).strip() or "{}"
+            try:
+                args = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise self._bad(f"tool call {name!r} arguments are not JSON ({e.msg})") from None
+            if not isinstance(args, dict):
+                raise self._bad(f"tool call {name!r} arguments are not a JSON object")
+            blocks[i] = ToolUse(id=cid, name=name, input=args)
+        blocks.update(self._opaque)
+        message = Message(role=Role.ASSISTANT, blocks=tuple(blocks[i] for i in sorted(blocks)))
+        return Response(
+            message=message,
+            stop_reason=self._stop.stop_reason,
+            usage=self._usage,
+            model=self._stop.model,
+        )
+
+
+async def assemble(events: AsyncIterable[StreamEvent], provider: str = "stream") -> Response:
+    """Drain a stream into the ``Response`` it describes."""
+    asm = Assembler(provider)
+    async for event in events:
+        asm.feed(event)
+    return asm.response()
+
+
+def response_events(response: Response) -> list[StreamEvent]:
+    """The canonical event sequence for a response (used by test doubles and fakes)."""
+    out: list[StreamEvent] = []
+    for i, block in enumerate(response.message.blocks):
+        if isinstance(block, TextBlock):
+            out.append(TextDelta(index=i, text=block.text))
+        elif isinstance(block, ToolUse):
+            out.append(ToolCallStart(index=i, id=block.id, name=block.name))
+            out.append(ToolCallDelta(index=i, arguments=json.dumps(block.input)))
+            out.append(ToolCallEnd(index=i))
+        elif isinstance(block, OpaqueBlock):
+            out.append(OpaqueDone(index=i, block=block))
+    out.append(UsageUpdate(usage=response.usage))
+    out.append(Stop(stop_reason=response.stop_reason, model=response.model))
+    return out

@@ -1,0 +1,38 @@
+"""Checks made before a credential or an image leaves the process."""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
+
+SUPPORTED_IMAGE_MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def safe_base_url(url: str | None) -> bool:
+    """Whether a base URL is safe to send an API key to.
+
+    https anywhere, or plain http only to the loopback host (a local model server), where
+    traffic never leaves the machine. Empty means "the provider default" and is safe.
+    """
+    if not url:
+        return True
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return bool(parts.hostname)
+    if parts.scheme == "http":
+        return _is_loopback(parts.hostname or "")
+    return False
+
+
+def supported_image_media_type(media_type: str) -> bool:
+    """Whether every vision backend we target accepts this type (png, jpeg, gif, webp)."""
+    return media_type.strip().lower() in SUPPORTED_IMAGE_MEDIA_TYPES

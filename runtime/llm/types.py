@@ -1,0 +1,186 @@
+"""The port's vocabulary: messages, blocks, tools, requests and responses.
+
+Every model backend speaks these types and nothing else, so the dialog, the conversation
+object and the evals never see a vendor's wire format. All are pydantic models whose JSON
+round-trip is exact (``Model.model_validate_json(m.model_dump_json()) == m``).
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Value(BaseModel):
+    """Immutable, strict-keyed base: a typo in a field name is an error, not a silent drop."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64"
+    )
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+class StopReason(StrEnum):
+    """Why the model ended its turn; ``TOOL_USE`` means run the calls and continue."""
+
+    END_TURN = "end_turn"
+    TOOL_USE = "tool_use"
+    MAX_TOKENS = "max_tokens"
+    REFUSAL = "refusal"
+    CONTEXT_EXCEEDED = "context_exceeded"
+
+
+class TextBlock(_Value):
+    kind: Literal["text"] = "text"
+    text: str
+
+
+class ToolUse(_Value):
+    """The model asks to call a tool; ``id`` pairs it with the ``ToolResult`` that answers it."""
+
+    kind: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResult(_Value):
+    """A tool's output fed back to the model; ``is_error`` marks a failed call."""
+
+    kind: Literal["tool_result"] = "tool_result"
+    tool_use_id: str
+    content: str
+    is_error: bool = False
+
+
+class OpaqueBlock(_Value):
+    """Provider content we must replay verbatim (thinking blocks and their signatures).
+
+    ``raw`` is the provider's JSON for the block, exactly as received; an adapter splices it
+    back unchanged when encoding a request for the same ``provider`` and drops it for others.
+    """
+
+    kind: Literal["opaque"] = "opaque"
+    provider: str
+    raw: str
+
+
+class ImageBlock(_Value):
+    """Bitmap content carried inline (bytes plus IANA media type); base64 in JSON."""
+
+    kind: Literal["image"] = "image"
+    media_type: str
+    data: bytes
+
+
+Block = Annotated[
+    TextBlock | ToolUse | ToolResult | OpaqueBlock | ImageBlock, Field(discriminator="kind")
+]
+
+
+class Message(_Value):
+    role: Role
+    blocks: tuple[Block, ...] = ()
+
+    @classmethod
+    def text(cls, role: Role | str, text: str) -> Message:
+        """A single-block text message."""
+        return cls(role=Role(role), blocks=(TextBlock(text=text),))
+
+    def text_content(self) -> str:
+        """The text blocks joined: the human-readable answer without tool calls."""
+        return "".join(b.text for b in self.blocks if isinstance(b, TextBlock))
+
+    def tool_uses(self) -> list[ToolUse]:
+        """The tool calls requested in this message, in order."""
+        return [b for b in self.blocks if isinstance(b, ToolUse)]
+
+
+class Tool(_Value):
+    """A capability the model may call: the declaration only; running it is the caller's job."""
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class CacheHint(_Value):
+    """Which parts of a request are stable across turns (advisory, provider-neutral).
+
+    ``prefix`` marks system prompt and tools as one cacheable boundary; ``stable_messages``
+    is the count of leading messages that will not change (a marker goes after message
+    ``stable_messages - 1``); ``key`` is a routing hint shared by one conversation's turns.
+    The zero value caches nothing.
+    """
+
+    prefix: bool = False
+    stable_messages: int = Field(default=0, ge=0)
+    key: str = ""
+
+
+class Sampling(_Value):
+    """Pinned decoding parameters, so a local generation can be recorded and replayed."""
+
+    seed: int | None = None
+    temperature: float = 0.0
+    top_p: float = 0.0
+
+    def deterministic(self) -> bool:
+        """True only for greedy decoding (temperature zero): reproducible on the same weights."""
+        return self.normalized().temperature == 0.0
+
+    def normalized(self) -> Sampling:
+        """A copy with every field forced into range: temperature >= 0, top_p in [0, 1]."""
+        t = self.temperature if math.isfinite(self.temperature) else 0.0
+        p = self.top_p if math.isfinite(self.top_p) else 0.0
+        return Sampling(seed=self.seed, temperature=max(t, 0.0), top_p=min(max(p, 0.0), 1.0))
+
+
+class Request(_Value):
+    """One call to a model: instructions, the conversation so far, tools and limits."""
+
+    system: str = ""
+    messages: tuple[Message, ...] = ()
+    tools: tuple[Tool, ...] = ()
+    max_tokens: int | None = Field(default=None, gt=0)
+    cache: CacheHint = CacheHint()
+    sampling: Sampling | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+
+
+class Usage(_Value):
+    """Token cost of a call, normalised across providers.
+
+    ``input_tokens`` is the total input processed, *including* cache reads;
+    ``cache_read_tokens`` is the cached subset; ``cache_write_tokens`` is additional.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+
+class Response(_Value):
+    """One model turn: the assistant message, why it stopped, and what it cost."""
+
+    message: Message
+    stop_reason: StopReason
+    usage: Usage = Usage()
+    model: str = ""
