@@ -1,0 +1,139 @@
+"""A real HTTP server on 127.0.0.1 for the provider adapters' tests.
+
+It runs the stdlib ``ThreadingHTTPServer`` in a background thread (one thread per
+connection), records every request, and hands each one to a provider-specific ``respond``
+callback that writes the reply through an ``Exchange``: a JSON body, an SSE stream, a dropped
+connection or a hang until the client goes away.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    raw: bytes
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return json.loads(self.raw)
+
+
+@dataclass
+class Exchange:
+    """The reply side of one request."""
+
+    handler: BaseHTTPRequestHandler
+    closed_by_client: threading.Event = field(default_factory=threading.Event)
+
+    def send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(body).encode()
+        h = self.handler
+        h.send_response(status)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(data)))
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.end_headers()
+        h.wfile.write(data)
+        h.wfile.flush()
+
+    def start_stream(self, headers: dict[str, str] | None = None) -> None:
+        h = self.handler
+        h.send_response(200)
+        h.send_header("content-type", "text/event-stream")
+        h.send_header("cache-control", "no-cache")
+        h.send_header("connection", "close")
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.end_headers()
+        h.close_connection = True
+
+    def send_event(self, data: str, event: str | None = None) -> None:
+        """One SSE event; ``data`` is written as is (callers pass JSON text or garbage)."""
+        chunk = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
+        self.handler.wfile.write(chunk.encode())
+        self.handler.wfile.flush()
+
+    def drop(self) -> None:
+        """Close the TCP connection abruptly (RST), mid-response."""
+        sock = self.handler.connection
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()
+        self.handler.close_connection = True
+
+    def hang_until_client_leaves(self, limit: float = 10.0) -> bool:
+        """Block until the client closes the connection (True) or ``limit`` passes (False)."""
+        sock = self.handler.connection
+        sock.settimeout(limit)
+        try:
+            while True:
+                if not sock.recv(1024):
+                    self.closed_by_client.set()
+                    return True
+        except TimeoutError:
+            return False
+        except OSError:  # reset by the client: it is gone
+            self.closed_by_client.set()
+            return True
+
+
+Respond = Callable[[Recorded, Exchange], None]
+
+
+class LoopbackServer:
+    """``with LoopbackServer(respond) as srv:`` serves on ``srv.url`` until the block ends."""
+
+    def __init__(self, respond: Respond) -> None:
+        self.respond = respond
+        self.requests: list[Recorded] = []
+        self.exchanges: list[Exchange] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def do_POST(self) -> None:
+                n = int(self.headers.get("content-length") or 0)
+                rec = Recorded("POST", self.path, {k.lower(): v for k, v in self.headers.items()},
+                               self.rfile.read(n))
+                ex = Exchange(self)
+                with server._lock:
+                    server.requests.append(rec)
+                    server.exchanges.append(ex)
+                try:
+                    server.respond(rec, ex)
+                except (BrokenPipeError, ConnectionResetError):
+                    ex.closed_by_client.set()
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> LoopbackServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
