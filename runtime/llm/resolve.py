@@ -1,0 +1,156 @@
+"""From a model name (and optional provider) to a ready ``Model``.
+
+Precedence everywhere: explicit arguments, then environment variables, then ``.env``.
+The name decides the provider unless one is given: ``provider:model``, ``claude-*`` for
+Anthropic, ``gpt-*`` / ``o1``.. / ``chatgpt-*`` for OpenAI, or a catalog alias (``sonnet``,
+``mini``...). Adapters are imported only when chosen, so using one never loads the other.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import catalog
+from .config import DEFAULT_MODEL_VAR, PROVIDER_VARS, Settings
+from .errors import ConfigurationError
+from .model import Model
+from .safety import safe_base_url
+
+PROVIDERS: tuple[str, ...] = tuple(PROVIDER_VARS)
+
+_BY_PREFIX: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^claude-"), "anthropic"),
+    (re.compile(r"^(gpt-|chatgpt-|o\d+(-|$))"), "openai"),
+)
+
+
+def _options() -> str:
+    alias_list = ", ".join(sorted(catalog.aliases()))
+    return (
+        "use a name starting with 'claude-' (anthropic) or 'gpt-', 'chatgpt-', 'o1', 'o3', "
+        f"'o4' (openai); the form 'provider:model' with provider one of {', '.join(PROVIDERS)}; "
+        f"or an alias: {alias_list}"
+    )
+
+
+def _check_provider(provider: str) -> str:
+    p = provider.strip().lower()
+    if p == "scripted":
+        raise ConfigurationError(
+            "the scripted provider is not resolved by name: build ScriptedModel([...]) directly"
+        )
+    if p not in PROVIDERS:
+        raise ConfigurationError(
+            f"unknown provider {provider!r}: choose one of {', '.join(PROVIDERS)}"
+        )
+    return p
+
+
+def parse_model_name(name: str, provider: str | None = None) -> tuple[str, str]:
+    """``(provider, model id)`` for a model name; pure, for tests and tools.
+
+    An explicit ``provider`` wins over inference from the name (so any id a local
+    OpenAI-compatible server knows, such as ``llama3.1:8b``, works with ``provider="openai"``).
+    """
+    name = name.strip()
+    if not name:
+        raise ConfigurationError(f"empty model name: {_options()}")
+    head, sep, rest = name.partition(":")
+    if sep and head.lower() in (*PROVIDERS, "scripted"):
+        named = _check_provider(head)
+        if provider is not None and _check_provider(provider) != named:
+            raise ConfigurationError(
+                f"model {name!r} names provider {named!r} but provider={provider!r} was given"
+            )
+        provider, name = named, rest.strip()
+        if not name:
+            raise ConfigurationError(f"no model after '{head}:': {_options()}")
+    if provider is not None:
+        provider = _check_provider(provider)
+        alias = catalog.by_alias(name)
+        return provider, alias.name if alias and alias.provider == provider else name
+    alias = catalog.by_alias(name)
+    if alias is not None and alias.provider is not None:
+        return alias.provider, alias.name
+    for pattern, inferred in _BY_PREFIX:
+        if pattern.match(name.lower()):
+            return inferred, name
+    raise ConfigurationError(f"cannot tell the provider of model {name!r}: {_options()}")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Everything needed to build an adapter. The key is kept out of ``repr``."""
+
+    provider: str
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+    base_url: str | None = None
+
+
+def model_settings(
+    name: str | None = None,
+    provider: str | None = None,
+    *,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    env: Mapping[str, str] | None = None,
+    dotenv_path: str | os.PathLike[str] | None = None,
+) -> ModelSettings:
+    """Resolve name, provider, key and base URL without building anything.
+
+    Raises ``ConfigurationError`` for an unknown name, a missing key (except for a loopback
+    base URL: local servers rarely want one) or a base URL a key must not be sent to.
+    """
+    settings = Settings(env, dotenv_path)
+    if not (name and name.strip()):
+        name = settings.get(DEFAULT_MODEL_VAR)
+        if not name:
+            raise ConfigurationError(
+                f"no model given and {DEFAULT_MODEL_VAR} is not set (environment or .env)"
+            )
+    chosen, model = parse_model_name(name, provider)
+    names = PROVIDER_VARS[chosen]
+    key = api_key or settings.get(names.api_key)
+    url = base_url or settings.get(names.base_url)
+    if not safe_base_url(url):
+        raise ConfigurationError(
+            f"refusing to send a {chosen} API key to {url!r}: use https, or http only to "
+            "a loopback address (127.0.0.1, localhost)"
+        )
+    local = url is not None and urlsplit(url).scheme == "http"  # safe plain http is loopback only
+    if not key and not local:
+        raise ConfigurationError(
+            f"no API key for {chosen}: set {names.api_key} (environment or .env) "
+            "or pass api_key="
+        )
+    return ModelSettings(chosen, model, key, url)
+
+
+def resolve_model(
+    name: str | None = None,
+    provider: str | None = None,
+    *,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    env: Mapping[str, str] | None = None,
+    dotenv_path: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> Model:
+    """A ready adapter for ``name``; ``options`` (``max_tokens``, ``retry``, ``timeout``,
+    ``http_client``) go to its constructor."""
+    s = model_settings(
+        name, provider, api_key=api_key, base_url=base_url, env=env, dotenv_path=dotenv_path
+    )
+    if s.provider == "anthropic":
+        from .providers.anthropic import AnthropicModel
+
+        return AnthropicModel(s.model, s.api_key, s.base_url, **options)
+    from .providers.openai import OpenAIModel
+
+    return OpenAIModel(s.model, s.api_key, s.base_url, **options)
