@@ -1,0 +1,532 @@
+"""The Anthropic Messages API behind the port, over httpx (no vendor SDK at run time).
+
+Wire mapping, in brief:
+
+- The request body is built as text with a fixed key order and compact separators, so the
+  same conversation always encodes to the same bytes and a prompt cache sees a byte-identical
+  prefix across turns. Order: ``model``, ``tools``, ``system``, ``messages``, then the knobs
+  that may vary per call (``max_tokens``, ``thinking``, ``temperature``, ``top_p``,
+  ``stream``). Message content is always a list of blocks, never the string shorthand, so a
+  message does not change shape when a cache marker lands on it.
+- ``thinking`` / ``redacted_thinking`` (and any other block type we do not model) come back
+  as ``OpaqueBlock(provider="anthropic", raw=<the block as compact JSON>)`` and are spliced
+  back into the request text byte for byte. Opaque blocks of other providers are dropped.
+- ``CacheHint.prefix`` puts ``cache_control`` on the last system block and the last tool;
+  ``stable_messages=n`` puts one on the last markable block at or before message ``n-1``
+  (thinking blocks cannot carry a marker and are replayed untouched).
+- ``Usage`` is normalised: ``input_tokens`` = Anthropic ``input_tokens`` +
+  ``cache_read_input_tokens``; ``cache_write_tokens`` = ``cache_creation_input_tokens``.
+- ``reasoning_effort`` enables extended thinking with a budget of 1024 / 4096 / 16384 tokens
+  (low / medium / high). The budget is added on top of ``max_tokens``, which keeps bounding
+  the visible answer. With thinking on, ``Sampling`` is not sent: Anthropic requires the
+  default temperature for extended thinking.
+- ``Sampling`` sends ``temperature`` (clamped to Anthropic's [0, 1]) and ``top_p`` when it
+  is strictly between 0 and 1; ``seed`` has no Anthropic counterpart and is ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from ..errors import ConfigurationError, Fault, LLMError, retry_class
+from ..events import (
+    OpaqueDone,
+    Stop,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    UsageUpdate,
+)
+from ..retry import RetryPolicy, parse_retry_after, retry_call, retry_stream
+from ..safety import safe_base_url, supported_image_media_type
+from ..types import (
+    ImageBlock,
+    Message,
+    OpaqueBlock,
+    Request,
+    Response,
+    Role,
+    StopReason,
+    TextBlock,
+    ToolResult,
+    ToolUse,
+    Usage,
+)
+from ._sse import SSEEvent, iter_sse
+
+__all__ = ["DEFAULT_BASE_URL", "THINKING_BUDGETS", "AnthropicModel"]
+
+PROVIDER = "anthropic"
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
+
+_CACHE_MARKER = '"cache_control":{"type":"ephemeral"}'
+_STOP_REASONS = {
+    "end_turn": StopReason.END_TURN,
+    "stop_sequence": StopReason.END_TURN,
+    "pause_turn": StopReason.END_TURN,
+    "tool_use": StopReason.TOOL_USE,
+    "max_tokens": StopReason.MAX_TOKENS,
+    "refusal": StopReason.REFUSAL,
+    "model_context_window_exceeded": StopReason.CONTEXT_EXCEEDED,
+}
+# The HTTP status each in-stream ``error`` event type stands for, to classify it like one.
+_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+# A 429 (or any error) whose message says the account cannot pay will not heal by waiting.
+_QUOTA_WORDS = re.compile(r"credit balance|billing|quota|spend(ing)? limit|usage limit", re.I)
+
+
+def _json(value: Any) -> str:
+    """Compact, order-preserving JSON: the one encoding used for every byte we send."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class AnthropicModel:
+    """A ``Model`` backed by Anthropic's Messages API.
+
+    Safe for concurrent use from one event loop. Without ``http_client`` it owns a pooled
+    client, created on first use and released by ``aclose()`` (or ``async with``).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        max_tokens: int = 4096,
+        retry: RetryPolicy | None = None,
+        timeout: float = 600,
+        http_client: httpx.AsyncClient | None = None,
+        anthropic_version: str = "2023-06-01",
+    ) -> None:
+        key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+        if not key:
+            raise ConfigurationError(
+                "no Anthropic API key: pass api_key or set ANTHROPIC_API_KEY"
+            )
+        url = (base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        if not safe_base_url(url):
+            parts = urlsplit(url)  # never echo userinfo or a query: they may hold secrets
+            shown = f"{parts.scheme}://{parts.hostname or ''}"
+            raise ConfigurationError(
+                f"refusing to send the Anthropic API key to {shown}: "
+                "the base URL must be https, or http to a loopback host"
+            )
+        self._model = model
+        self._key = key
+        self._url = url + "/v1/messages"
+        self._headers = {
+            "x-api-key": key,
+            "anthropic-version": anthropic_version,
+            "content-type": "application/json",
+        }
+        self._max_tokens = max_tokens
+        self._retry = retry or RetryPolicy()
+        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._client = http_client
+        self._owns_client = http_client is None
+
+    @property
+    def name(self) -> str:
+        return self._model
+
+    @property
+    def provider(self) -> str:
+        return PROVIDER
+
+    @property
+    def base_url(self) -> str:
+        return self._url.removesuffix("/v1/messages")
+
+    def __repr__(self) -> str:
+        return f"AnthropicModel(model={self._model!r}, base_url={self.base_url!r})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this model created it."""
+        if self._owns_client and self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    async def __aenter__(self) -> AnthropicModel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- the port ----------------------------------------------------------------------
+
+    async def generate(self, request: Request) -> Response:
+        body = self.encode(request, stream=False)
+        return await retry_call(lambda: self._generate_once(body), self._retry)
+
+    async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
+        body = self.encode(request, stream=True)
+        async for event in retry_stream(lambda: self._stream_once(body), self._retry):
+            yield event
+
+    def encode(self, request: Request, *, stream: bool) -> bytes:
+        """The exact request body sent for ``request`` (deterministic)."""
+        return encode_request(
+            request, model=self._model, max_tokens=self._max_tokens, stream=stream
+        )
+
+    # -- one HTTP attempt --------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _post(self, body: bytes) -> AsyncIterator[httpx.Response]:
+        """POST ``body``; yields a 200 response. ``async with client.stream`` closes the
+        connection on any exit, so a cancelled caller never leaves a request running."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._timeout)
+        try:
+            async with self._client.stream(
+                "POST", self._url, content=body, headers=self._headers, timeout=self._timeout
+            ) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise self._status_error(response)
+                yield response
+        except httpx.HTTPError as e:
+            raise self._transport_error(e) from None
+
+    async def _generate_once(self, body: bytes) -> Response:
+        async with self._post(body) as response:
+            content = await response.aread()
+        try:
+            data = json.loads(content)
+        except (ValueError, UnicodeDecodeError):
+            raise self._malformed("response body is not JSON") from None
+        if isinstance(data, dict) and data.get("type") == "error":
+            raise self._event_error(data)
+        try:
+            return decode_message(data)
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._malformed(f"unexpected response shape ({type(e).__name__})") from None
+
+    async def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
+        async with self._post(body) as response:
+            decoder = StreamDecoder()
+            async for sse in iter_sse(response):
+                try:
+                    events = decoder.feed(sse)
+                except _ErrorEvent as e:
+                    raise self._event_error(e.body) from None
+                except (KeyError, TypeError, ValueError) as e:
+                    raise self._malformed(
+                        f"bad {sse.event!r} event ({type(e).__name__})"
+                    ) from None
+                for event in events:
+                    yield event
+                if decoder.done:
+                    return
+        raise self._malformed("stream ended before message_stop")
+
+    # -- errors (messages built here: never from httpx, which may carry request data) --
+
+    def _error(self, message: str, fault: Fault, status: int | None = None,
+               retry_after: float | None = None) -> LLMError:
+        return LLMError(
+            message.replace(self._key, "[redacted]"),
+            fault=fault, provider=PROVIDER, status=status, retry_after=retry_after,
+        )
+
+    def _status_error(self, response: httpx.Response) -> LLMError:
+        status = response.status_code
+        kind, message = _error_fields(response.content)
+        quota = kind == "billing_error" or bool(_QUOTA_WORDS.search(message))
+        return self._error(
+            message or f"HTTP {status}",
+            retry_class(status, quota),
+            status,
+            parse_retry_after(response.headers.get("retry-after")),
+        )
+
+    def _event_error(self, body: Any) -> LLMError:
+        kind, message = _error_fields(body)
+        quota = kind == "billing_error" or bool(_QUOTA_WORDS.search(message))
+        fault = retry_class(_ERROR_STATUS.get(kind, 500), quota)
+        return self._error(f"{kind or 'error'}: {message or 'error event in stream'}", fault)
+
+    def _transport_error(self, e: httpx.HTTPError) -> LLMError:
+        if isinstance(e, httpx.ConnectError):
+            parts = urlsplit(self._url)
+            what = f"could not connect to {parts.hostname}:{parts.port or parts.scheme}"
+        elif isinstance(e, httpx.TimeoutException):
+            what = "request timed out"
+        else:
+            what = "connection failed during the request"
+        return self._error(f"{what} ({type(e).__name__})", Fault.TRANSIENT)
+
+    def _malformed(self, what: str) -> LLMError:
+        return self._error(f"malformed response: {what}", Fault.TRANSIENT)
+
+
+def _error_fields(body: bytes | Any) -> tuple[str, str]:
+    """Anthropic's error ``(type, message)`` from an error body, or empty strings."""
+    if isinstance(body, bytes):
+        try:
+            body = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return "", ""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return "", ""
+    return str(error.get("type") or ""), str(error.get("message") or "")
+
+
+# -- encoding ----------------------------------------------------------------------------
+
+
+def encode_request(request: Request, *, model: str, max_tokens: int, stream: bool) -> bytes:
+    """The Messages API body for ``request``, as deterministic bytes (see module doc)."""
+    hint = request.cache
+    parts = [f'"model":{_json(model)}']
+    if request.tools:
+        tools = [
+            {"name": t.name, **({"description": t.description} if t.description else {}),
+             "input_schema": t.input_schema}
+            for t in request.tools
+        ]
+        parts.append(f'"tools":{_marked_list([_json(t) for t in tools], hint.prefix)}')
+    system = [request.system] if request.system else []
+    system += [m.text_content() for m in request.messages if m.role is Role.SYSTEM]
+    if system:
+        blocks = [_json({"type": "text", "text": s}) for s in system]
+        parts.append(f'"system":{_marked_list(blocks, hint.prefix)}')
+    messages = [m for m in request.messages if m.role is not Role.SYSTEM]
+    parts.append(f'"messages":{_encode_messages(messages, hint.stable_messages)}')
+    answer = request.max_tokens or max_tokens
+    if request.reasoning_effort:
+        budget = THINKING_BUDGETS[request.reasoning_effort]
+        parts.append(f'"max_tokens":{answer + budget}')
+        parts.append(f'"thinking":{_json({"type": "enabled", "budget_tokens": budget})}')
+    else:
+        parts.append(f'"max_tokens":{answer}')
+        if request.sampling is not None:
+            s = request.sampling.normalized()
+            parts.append(f'"temperature":{_json(min(s.temperature, 1.0))}')
+            if 0.0 < s.top_p < 1.0:
+                parts.append(f'"top_p":{_json(s.top_p)}')
+    if stream:
+        parts.append('"stream":true')
+    return ("{" + ",".join(parts) + "}").encode()
+
+
+def _marked_list(items: Sequence[str], mark: bool) -> str:
+    """A JSON array of encoded objects, the last one carrying a cache marker if ``mark``."""
+    items = list(items)
+    if mark and items:
+        items[-1] = _with_marker(items[-1])
+    return "[" + ",".join(items) + "]"
+
+
+def _with_marker(encoded: str) -> str:
+    return encoded[:-1] + "," + _CACHE_MARKER + "}"
+
+
+def _encode_messages(messages: Sequence[Message], stable: int) -> str:
+    encoded = [[_encode_block(b) for b in m.blocks] for m in messages]
+    slot = _marker_slot(messages, encoded, stable)
+    if slot is not None:
+        i, j = slot
+        encoded[i][j] = _with_marker(encoded[i][j])  # type: ignore[arg-type]
+    out = []
+    for i, message in enumerate(messages):
+        content = ",".join(b for b in encoded[i] if b is not None)
+        out.append(f'{{"role":{_json(message.role.value)},"content":[{content}]}}')
+    return "[" + ",".join(out) + "]"
+
+
+def _marker_slot(
+    messages: Sequence[Message], encoded: list[list[str | None]], stable: int
+) -> tuple[int, int] | None:
+    """Where the message cache marker goes: the last block at or before message
+    ``stable - 1`` that can carry one, so the cached prefix ends at the stable boundary (or
+    just before it, when that message ends in thinking blocks, which cannot be marked)."""
+    for i in range(min(stable, len(messages)) - 1, -1, -1):
+        for j in range(len(encoded[i]) - 1, -1, -1):
+            if encoded[i][j] is not None and not isinstance(messages[i].blocks[j], OpaqueBlock):
+                return i, j
+    return None
+
+
+def _encode_block(block: Any) -> str | None:
+    """One content block as JSON text; None for a block Anthropic must not see."""
+    match block:
+        case TextBlock(text=text):
+            # The API rejects empty text blocks; an empty one carries nothing anyway.
+            return _json({"type": "text", "text": text}) if text else None
+        case ToolUse(id=id_, name=name, input=args):
+            return _json({"type": "tool_use", "id": id_, "name": name, "input": args})
+        case ToolResult(tool_use_id=id_, content=content, is_error=is_error):
+            result: dict[str, Any] = {"type": "tool_result", "tool_use_id": id_,
+                                      "content": content}
+            if is_error:
+                result["is_error"] = True
+            return _json(result)
+        case ImageBlock(media_type=media_type, data=data):
+            if not supported_image_media_type(media_type):
+                raise LLMError(
+                    f"unsupported image media type {media_type!r}: "
+                    "Anthropic accepts image/png, image/jpeg, image/gif and image/webp",
+                    fault=Fault.TERMINAL, provider=PROVIDER,
+                )
+            source = {"type": "base64", "media_type": media_type.strip().lower(),
+                      "data": base64.b64encode(data).decode()}
+            return _json({"type": "image", "source": source})
+        case OpaqueBlock(provider=provider, raw=raw):
+            if provider != PROVIDER:
+                return None
+            try:
+                ok = isinstance(json.loads(raw), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise LLMError("opaque Anthropic block is not a JSON object",
+                               fault=Fault.TERMINAL, provider=PROVIDER)
+            return raw  # verbatim: a thinking signature covers these exact contents
+    raise TypeError(f"unknown block {type(block).__name__}")
+
+
+# -- decoding ----------------------------------------------------------------------------
+
+
+def _opaque(block: dict[str, Any]) -> OpaqueBlock:
+    return OpaqueBlock(provider=PROVIDER, raw=_json(block))
+
+
+def _stop_reason(value: str | None) -> StopReason:
+    return _STOP_REASONS.get(value or "end_turn", StopReason.END_TURN)
+
+
+def _usage(counts: dict[str, Any]) -> Usage:
+    read = counts.get("cache_read_input_tokens") or 0
+    return Usage(
+        input_tokens=(counts.get("input_tokens") or 0) + read,
+        output_tokens=counts.get("output_tokens") or 0,
+        cache_read_tokens=read,
+        cache_write_tokens=counts.get("cache_creation_input_tokens") or 0,
+    )
+
+
+def decode_message(data: dict[str, Any]) -> Response:
+    """A non-streaming Messages API reply as a ``Response``."""
+    blocks: list[Any] = []
+    for block in data["content"]:
+        kind = block["type"]
+        if kind == "text":
+            blocks.append(TextBlock(text=block["text"]))
+        elif kind == "tool_use":
+            blocks.append(ToolUse(id=block["id"], name=block["name"], input=block["input"]))
+        else:
+            blocks.append(_opaque(block))
+    return Response(
+        message=Message(role=Role.ASSISTANT, blocks=tuple(blocks)),
+        stop_reason=_stop_reason(data.get("stop_reason")),
+        usage=_usage(data.get("usage") or {}),
+        model=data.get("model") or "",
+    )
+
+
+class _ErrorEvent(Exception):
+    def __init__(self, body: Any) -> None:
+        self.body = body
+
+
+class StreamDecoder:
+    """Turns Anthropic SSE events into port events, one event at a time.
+
+    Anthropic's ``index`` is the block's position in the final message, so it is used as the
+    port's block index unchanged. Opaque blocks are gathered (thinking and signature deltas
+    folded into the block that ``content_block_start`` announced) and emitted whole at
+    ``content_block_stop``, in the same compact JSON ``decode_message`` produces.
+    """
+
+    def __init__(self) -> None:
+        self.done = False
+        self._model = ""
+        self._counts: dict[str, Any] = {}
+        self._stop: str | None = None
+        self._tools: set[int] = set()
+        self._opaque: dict[int, dict[str, Any]] = {}
+
+    def feed(self, sse: SSEEvent) -> list[StreamEvent]:
+        if sse.event == "ping":
+            return []
+        data = json.loads(sse.data)
+        if not isinstance(data, dict):
+            raise TypeError("event data is not an object")
+        kind = data.get("type", sse.event)
+        if kind == "error" or sse.event == "error":
+            raise _ErrorEvent(data)
+        if kind == "message_start":
+            message = data["message"]
+            self._model = message.get("model") or ""
+            self._counts = dict(message.get("usage") or {})
+            return [UsageUpdate(usage=_usage(self._counts))]
+        if kind == "content_block_start":
+            return self._start(data["index"], data["content_block"])
+        if kind == "content_block_delta":
+            return self._delta(data["index"], data["delta"])
+        if kind == "content_block_stop":
+            i = data["index"]
+            if i in self._tools:
+                return [ToolCallEnd(index=i)]
+            if i in self._opaque:
+                return [OpaqueDone(index=i, block=_opaque(self._opaque.pop(i)))]
+            return []
+        if kind == "message_delta":
+            self._stop = data["delta"].get("stop_reason")
+            # Counts here are cumulative; the ones present (non-null) replace message_start's.
+            self._counts.update({k: v for k, v in (data.get("usage") or {}).items()
+                                 if v is not None})
+            return [UsageUpdate(usage=_usage(self._counts))]
+        if kind == "message_stop":
+            self.done = True
+            return [Stop(stop_reason=_stop_reason(self._stop), model=self._model)]
+        return []  # an event type added after this adapter was written
+
+    def _start(self, i: int, block: dict[str, Any]) -> list[StreamEvent]:
+        kind = block["type"]
+        if kind == "text":
+            return [TextDelta(index=i, text=block["text"])]
+        if kind == "tool_use":
+            self._tools.add(i)
+            return [ToolCallStart(index=i, id=block["id"], name=block["name"])]
+        self._opaque[i] = dict(block)
+        return []
+
+    def _delta(self, i: int, delta: dict[str, Any]) -> list[StreamEvent]:
+        kind = delta["type"]
+        if kind == "text_delta":
+            return [TextDelta(index=i, text=delta["text"])]
+        if kind == "input_json_delta":
+            return [ToolCallDelta(index=i, arguments=delta["partial_json"])]
+        if kind in ("thinking_delta", "signature_delta"):
+            field = kind.removesuffix("_delta")
+            block = self._opaque[i]
+            block[field] = (block.get(field) or "") + delta[field]
+        return []  # e.g. citations_delta: not modelled by the port
