@@ -27,7 +27,18 @@ import anyio
 
 from .errors import Fault, LLMError
 from .events import Assembler, StreamEvent, TextDelta, ToolCallDelta, response_events
-from .types import Message, Request, Response, Role, StopReason, TextBlock, ToolUse, Usage
+from .safety import supported_image_media_type
+from .types import (
+    ImageBlock,
+    Message,
+    Request,
+    Response,
+    Role,
+    StopReason,
+    TextBlock,
+    ToolUse,
+    Usage,
+)
 
 
 def call(name: str, input: Mapping[str, Any] | None = None, *, id: str = "") -> ToolUse:
@@ -154,6 +165,7 @@ class ScriptedModel:
     # -- internals ----------------------------------------------------------------------
 
     def _take(self, request: Request) -> tuple[int, Step]:
+        self._check(request)
         with self._lock:
             self.requests.append(request)
             number = len(self.requests)
@@ -167,6 +179,18 @@ class ScriptedModel:
             step = self._steps[self._next]
             self._next += 1
         return number, step
+
+    def _check(self, request: Request) -> None:
+        """Refuse what every adapter refuses before sending: an image no backend accepts."""
+        for m in request.messages:
+            for b in m.blocks:
+                if isinstance(b, ImageBlock) and not supported_image_media_type(b.media_type):
+                    raise LLMError(
+                        f"unsupported image media type {b.media_type!r}: "
+                        "use image/png, image/jpeg, image/gif or image/webp",
+                        fault=Fault.TERMINAL,
+                        provider=self._provider,
+                    )
 
     @staticmethod
     async def _wait(step: Step) -> Step:

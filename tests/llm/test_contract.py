@@ -6,6 +6,7 @@ markers on OpenAI, cache-write counts...) is stated once in ``CAPS`` and asserte
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,7 +37,7 @@ from runtime.llm import (
     assemble,
 )
 
-from .harness import Backend, CacheLayout
+from .harness import Backend, CacheLayout, load
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent
 
 pytestmark = pytest.mark.anyio
@@ -52,12 +53,18 @@ class Caps:
     cache_markers: bool  # explicit cache markers (prefix + one message boundary)
     cache_key: bool  # sends CacheHint.key as a routing key
     cache_writes: bool  # reports cache-write tokens (automatic caching reports none)
+    opaque_replies: bool  # replies may carry opaque blocks (thinking); Chat Completions: none
+    opaque_sample: str  # an opaque block's raw JSON as this provider would accept it back
 
 
+THINKING = '{"type":"thinking","thinking":"Rain data wanted.","signature":"c2lnbmVk+/=="}'
 CAPS = {
-    "scripted": Caps(cache_markers=True, cache_key=True, cache_writes=True),
-    "anthropic": Caps(cache_markers=True, cache_key=False, cache_writes=True),
-    "openai": Caps(cache_markers=False, cache_key=True, cache_writes=False),
+    "scripted": Caps(cache_markers=True, cache_key=True, cache_writes=True,
+                     opaque_replies=True, opaque_sample=THINKING),
+    "anthropic": Caps(cache_markers=True, cache_key=False, cache_writes=True,
+                      opaque_replies=True, opaque_sample=THINKING),
+    "openai": Caps(cache_markers=False, cache_key=True, cache_writes=False,
+                   opaque_replies=False, opaque_sample='{"type":"text","text":"as sent"}'),
 }
 
 
@@ -263,23 +270,48 @@ async def test_images_reach_the_wire(backend: Backend, mode: Mode) -> None:
     assert backend.images(0) == [("image/png", PNG), ("image/jpeg", b"\xff\xd8\xff\xe0jfif")]
 
 
-async def test_opaque_blocks_are_replayed_byte_for_byte(backend: Backend) -> None:
-    thinking = OpaqueBlock(
-        provider=backend.name,
-        raw='{"type":"thinking","thinking":"The user wants rain data.","signature":"c2lnbmVk+/=="}',
-    )
+@pytest.mark.parametrize("mode", MODES)
+async def test_unsupported_image_is_refused_not_dropped(backend: Backend, mode: Mode) -> None:
+    backend.script(reply("never"))
+    request = Request(messages=(Message(role=Role.USER, blocks=(
+        TextBlock(text="What is this?"), ImageBlock(media_type="image/bmp", data=b"BM..."))),))
+    with pytest.raises(LLMError) as info:
+        await run(backend.model(), request, mode)
+    assert info.value.fault is Fault.TERMINAL and "image/bmp" in str(info.value)
+    assert backend.sent() == []
+
+
+async def test_opaque_blocks_in_replies_are_replayed_byte_for_byte(backend: Backend) -> None:
+    caps = CAPS[backend.name]
+    thinking = OpaqueBlock(provider=backend.name, raw=caps.opaque_sample)
     backend.script(reply(thinking, "Rain.", usage=Usage(input_tokens=9, output_tokens=3)),
                    reply("Done."))
     model = backend.model()
     first = await model.generate(ask("Rain?"))
     opaque = [b for b in first.message.blocks if isinstance(b, OpaqueBlock)]
-    assert len(opaque) == 1 and opaque[0].provider == backend.name
     assert first.message.text_content() == "Rain."
+    if not caps.opaque_replies:  # the provider's replies carry nothing opaque: none appear
+        assert opaque == []
+        return
+    assert len(opaque) == 1 and opaque[0].provider == backend.name
 
     follow = ask("Rain?").model_copy(update={"messages": (
         Message.text(Role.USER, "Rain?"), first.message, Message.text(Role.USER, "Thanks"))})
     await model.generate(follow)
     assert backend.replayed_opaque(1) == [opaque[0].raw]
+
+
+async def test_opaque_blocks_in_history_are_sent_verbatim(backend: Backend) -> None:
+    raw = CAPS[backend.name].opaque_sample
+    backend.script(reply("ok"))
+    history = (
+        Message.text(Role.USER, "Rain?"),
+        Message(role=Role.ASSISTANT, blocks=(OpaqueBlock(provider=backend.name, raw=raw),
+                                             TextBlock(text="Rain."))),
+        Message.text(Role.USER, "Thanks"),
+    )
+    await backend.model().generate(Request(messages=history))
+    assert backend.replayed_opaque(0) == [raw]
 
 
 # -- faults and retries -----------------------------------------------------------------
@@ -403,3 +435,23 @@ async def test_adapter_refuses_to_send_a_key_over_plain_http(provider: str) -> N
     if isinstance(err, LLMError):
         assert err.fault is Fault.TERMINAL
     assert "http" in str(err).lower() and SECRET not in str(err) + repr(err)
+
+
+@pytest.fixture(params=["anthropic", "openai"])
+def adapter(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    with load(request.param) as b:
+        yield b
+
+
+async def test_adapter_drops_opaque_blocks_of_other_providers(adapter: Backend) -> None:
+    foreign = '{"type":"reasoning","encrypted":"not-for-you-7f3a"}'
+    adapter.script(reply("ok"))
+    history = (
+        Message.text(Role.USER, "Rain?"),
+        Message(role=Role.ASSISTANT, blocks=(OpaqueBlock(provider="elsewhere", raw=foreign),
+                                             TextBlock(text="Rain."))),
+        Message.text(Role.USER, "Thanks"),
+    )
+    same(await adapter.model().generate(Request(messages=history)), reply("ok"))
+    assert adapter.replayed_opaque(0) == []
+    assert b"not-for-you-7f3a" not in adapter.sent_raw()[0]
