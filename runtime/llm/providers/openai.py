@@ -1,0 +1,600 @@
+"""OpenAI Chat Completions over httpx; also any OpenAI-compatible server (llama.cpp, vLLM,
+Ollama) on loopback.
+
+Choices worth knowing (each keeps a request valid on OpenAI *and* on local servers):
+
+- The system prompt is sent as a ``system`` message, not ``developer``: OpenAI maps it for
+  reasoning models and the compatible servers only know ``system``.
+- Tool results become ``tool`` messages (OpenAI requires them right after the assistant's
+  ``tool_calls``), followed by one ``user`` message for any other blocks of the same port
+  message. The wire has no error flag, so a failed call's content is prefixed ``"Error: "``.
+- Images become ``image_url`` parts holding a ``data:`` URI; an unsupported media type is
+  refused, never dropped.
+- Opaque blocks of other providers are dropped (their bytes mean nothing here). An
+  ``OpaqueBlock(provider="openai")`` must be one JSON content part and is spliced verbatim into
+  its message's ``content`` array: the escape hatch for parts the port does not model.
+- The output ceiling goes out as ``max_completion_tokens`` (OpenAI's reasoning models reject
+  ``max_tokens``), except to a loopback server, which gets the ``max_tokens`` every compatible
+  server understands.
+- OpenAI caches request prefixes by itself, so a ``CacheHint`` only contributes
+  ``prompt_cache_key``. The body is encoded deterministically with ``tools`` before
+  ``messages`` and every per-call field after them, so one conversation's turns share a
+  byte-identical prefix.
+- ``usage.prompt_tokens`` already includes cached tokens, so it is ``input_tokens`` as is;
+  ``cached_tokens`` is ``cache_read_tokens``; automatic caching reports no separate write.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from ..errors import ConfigurationError, Fault, LLMError, retry_class
+from ..events import (
+    Stop,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    UsageUpdate,
+)
+from ..retry import RetryPolicy, parse_retry_after, retry_call, retry_stream
+from ..safety import safe_base_url, supported_image_media_type
+from ..types import (
+    ImageBlock,
+    Message,
+    OpaqueBlock,
+    Request,
+    Response,
+    Role,
+    StopReason,
+    TextBlock,
+    ToolResult,
+    ToolUse,
+    Usage,
+)
+from ._sse import iter_sse
+
+__all__ = ["DEFAULT_BASE_URL", "PROVIDER", "OpenAIModel"]
+
+PROVIDER = "openai"
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+_FINISH = {
+    "stop": StopReason.END_TURN,
+    "tool_calls": StopReason.TOOL_USE,
+    "function_call": StopReason.TOOL_USE,
+    "length": StopReason.MAX_TOKENS,
+    "content_filter": StopReason.REFUSAL,
+}
+# OpenAI's own signals that a 429 is an empty wallet rather than "slow down". Plain rate-limit
+# messages may mention billing ("add a payment method..."), so we match phrases, not words.
+_QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_not_active"})
+_QUOTA_PHRASES = ("exceeded your current quota", "billing hard limit", "billing details")
+_TERMINAL_STREAM_ERRORS = frozenset(
+    {"invalid_request_error", "authentication_error", "permission_error", "not_found_error"}
+)
+# Fixed block positions, so a stream assembles in the order ``generate`` decodes: the text,
+# then a refusal, then the tool calls by their wire index.
+_CONTENT, _REFUSAL, _FIRST_CALL = 0, 1, 2
+
+
+class OpenAIModel:
+    """A ``Model`` over the Chat Completions API.
+
+    The key comes from ``api_key`` or ``OPENAI_API_KEY``, the base URL from ``base_url``,
+    ``OPENAI_BASE_URL`` or OpenAI's. A key is required except for a loopback base URL (a local
+    server usually needs none; if one is configured it is sent there too, as loopback traffic
+    never leaves the machine). A base URL that is not https, or http to loopback, is refused.
+
+    Without ``http_client`` every call opens and closes its own connection: nothing to close,
+    safe across event loops and concurrent calls. Pass a shared ``httpx.AsyncClient`` (which
+    you own and close) to reuse connections. ``timeout`` applies to each request either way.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        max_tokens: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = 600,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
+        base = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self._where = _display_url(base)
+        if not safe_base_url(base):
+            raise ConfigurationError(
+                f"refusing OpenAI base URL {self._where}: an API key may only be sent over "
+                "https, or over http to a loopback host (127.0.0.1, ::1, localhost)"
+            )
+        self._local = _is_loopback(base)
+        if not key and not self._local:
+            raise ConfigurationError(
+                f"no OpenAI API key for {self._where}: pass api_key or set OPENAI_API_KEY "
+                "(only a loopback server may go without one)"
+            )
+        self._key = key
+        self._model = model
+        self._url = f"{base}/chat/completions"
+        self._max_tokens = max_tokens
+        self._retry = retry or RetryPolicy()
+        self._timeout = httpx.Timeout(timeout)
+        self._http = http_client
+
+    @property
+    def name(self) -> str:
+        return self._model
+
+    @property
+    def provider(self) -> str:
+        return PROVIDER
+
+    def __repr__(self) -> str:
+        key = "set" if self._key else "none"
+        return f"OpenAIModel(model={self._model!r}, base_url={self._where!r}, api_key={key})"
+
+    async def generate(self, request: Request) -> Response:
+        body = self._encode(request, stream=False)
+        return await retry_call(lambda: self._generate_once(body), self._retry)
+
+    async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
+        body = self._encode(request, stream=True)
+        async with aclosing(retry_stream(lambda: self._stream_once(body), self._retry)) as events:
+            async for event in events:
+                yield event
+
+    # -- one HTTP exchange -------------------------------------------------------------------
+
+    def _encode(self, request: Request, *, stream: bool) -> bytes:
+        ceiling = "max_tokens" if self._local else "max_completion_tokens"
+        return encode_request(
+            self._model, request, stream=stream, ceiling=ceiling, max_tokens=self._max_tokens
+        )
+
+    async def _generate_once(self, body: bytes) -> Response:
+        async with self._exchange(body) as response:
+            raw = await response.aread()
+        try:
+            return decode_completion(json.loads(raw))
+        except LLMError:
+            raise
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise _malformed("the response body is not a chat completion") from None
+
+    async def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
+        async with self._exchange(body) as response:
+            decoder = ChunkDecoder()
+            async for sse in iter_sse(response):
+                if sse.data.strip() == "[DONE]":
+                    for event in decoder.done():
+                        yield event
+                    return
+                try:
+                    chunk = json.loads(sse.data)
+                except ValueError:
+                    raise _malformed("a stream event's data is not JSON") from None
+                if not isinstance(chunk, dict):
+                    raise _malformed("a stream event is not a JSON object")
+                if "error" in chunk:
+                    raise self._stream_error(chunk["error"])
+                for event in decoder.feed(chunk):
+                    yield event
+        raise LLMError("the stream ended before [DONE]", fault=Fault.TRANSIENT, provider=PROVIDER)
+
+    @asynccontextmanager
+    async def _exchange(self, body: bytes) -> AsyncIterator[httpx.Response]:
+        """POST ``body``; yield a 2xx response, raise ``LLMError`` for anything else."""
+        headers = {"content-type": "application/json", "accept": "application/json"}
+        if self._key:
+            headers["authorization"] = f"Bearer {self._key}"
+        try:
+            async with (
+                self._client() as client,
+                client.stream(
+                    "POST", self._url, content=body, headers=headers, timeout=self._timeout
+                ) as response,
+            ):
+                if not response.is_success:
+                    await response.aread()
+                    raise self._http_error(response)
+                yield response
+        except httpx.RequestError as exc:
+            # Our own words: httpx's text and its request object are never passed on.
+            raise LLMError(
+                _describe(exc, self._where), fault=Fault.TRANSIENT, provider=PROVIDER
+            ) from None
+
+    @asynccontextmanager
+    async def _client(self) -> AsyncIterator[httpx.AsyncClient]:
+        if self._http is not None:
+            yield self._http
+        else:
+            async with httpx.AsyncClient() as client:
+                yield client
+
+    # -- errors ------------------------------------------------------------------------------
+
+    def _http_error(self, response: httpx.Response) -> LLMError:
+        status = response.status_code
+        message, quota = _error_details(response.content)
+        return LLMError(
+            self._scrub(message) or f"HTTP {status} {response.reason_phrase}".strip(),
+            fault=retry_class(status, quota),
+            provider=PROVIDER,
+            status=status,
+            retry_after=_retry_after(response.headers),
+        )
+
+    def _stream_error(self, error: Any) -> LLMError:
+        message, quota = _error_fields(error)
+        kind = error.get("type") if isinstance(error, dict) else None
+        terminal = quota or kind in _TERMINAL_STREAM_ERRORS
+        return LLMError(
+            self._scrub(message) or "error event in the stream",
+            fault=Fault.TERMINAL if terminal else Fault.TRANSIENT,
+            provider=PROVIDER,
+        )
+
+    def _scrub(self, text: str) -> str:
+        """A server may echo what it received; make sure the key never leaves in our errors."""
+        return text.replace(self._key, "[redacted]") if self._key else text
+
+
+# -- encoding ---------------------------------------------------------------------------------
+
+
+def encode_request(
+    model: str,
+    request: Request,
+    *,
+    stream: bool,
+    ceiling: str = "max_completion_tokens",
+    max_tokens: int | None = None,
+) -> bytes:
+    """The request body as deterministic JSON bytes.
+
+    ``tools`` and ``messages`` come first, so the bytes up to the end of any stable message
+    are identical across turns; per-call fields follow. ``max_tokens`` is the default output
+    ceiling, sent under the key ``ceiling`` unless the request sets its own.
+    """
+    splices: list[str] = []
+    marker = f"\x00opaque-{uuid.uuid4().hex}-"
+    body: dict[str, Any] = {"model": model}
+    if request.tools:
+        body["tools"] = [_encode_tool(t.name, t.description, t.input_schema) for t in request.tools]
+    messages = [{"role": "system", "content": request.system}] if request.system else []
+    for message in request.messages:
+        messages.extend(_encode_message(message, splices, marker))
+    body["messages"] = messages
+    if (limit := request.max_tokens or max_tokens) is not None:
+        body[ceiling] = limit
+    if request.reasoning_effort is not None:
+        body["reasoning_effort"] = request.reasoning_effort
+    if request.sampling is not None:
+        sampling = request.sampling.normalized()
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        body["temperature"] = sampling.temperature
+        if sampling.top_p > 0:
+            body["top_p"] = sampling.top_p
+    if request.cache.key:
+        body["prompt_cache_key"] = request.cache.key
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    for i, raw in enumerate(splices):
+        text = text.replace(json.dumps(f"{marker}{i}", ensure_ascii=False), raw, 1)
+    return text.encode()
+
+
+def _encode_tool(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": name}
+    if description:
+        function["description"] = description
+    function["parameters"] = schema
+    return {"type": "function", "function": function}
+
+
+def _encode_message(message: Message, splices: list[str], marker: str) -> list[dict[str, Any]]:
+    """One port message as wire messages: tool results first, then the rest of the message."""
+    out: list[dict[str, Any]] = []
+    parts: list[Any] = []
+    calls: list[dict[str, Any]] = []
+    role = message.role.value
+    for block in message.blocks:
+        match block:
+            case TextBlock(text=text):
+                parts.append({"type": "text", "text": text})
+            case ImageBlock(media_type=media_type, data=data):
+                _check_image(message.role, media_type)
+                uri = f"data:{media_type.strip().lower()};base64,{base64.b64encode(data).decode()}"
+                parts.append({"type": "image_url", "image_url": {"url": uri}})
+            case ToolUse(id=cid, name=name, input=args) if message.role is Role.ASSISTANT:
+                arguments = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+                calls.append(
+                    {
+                        "id": cid,
+                        "type": "function",
+                        "function": {"name": name, "arguments": arguments},
+                    }
+                )
+            case ToolResult(tool_use_id=cid, content=content, is_error=failed) if (
+                message.role is Role.USER
+            ):
+                text = f"Error: {content}" if failed else content
+                out.append({"role": "tool", "tool_call_id": cid, "content": text})
+            case OpaqueBlock(provider=provider, raw=raw):
+                if provider == PROVIDER:
+                    parts.append(f"{marker}{len(splices)}")
+                    splices.append(_check_opaque(raw))
+            case _:
+                raise _refused(f"a {block.kind} block cannot go in a {role} message")
+    if parts or calls or not out:
+        wire: dict[str, Any] = {"role": role}
+        if len(parts) == 1 and isinstance(parts[0], dict) and parts[0]["type"] == "text":
+            wire["content"] = parts[0]["text"]
+        elif parts:
+            wire["content"] = parts
+        else:
+            wire["content"] = None if calls else ""
+        if calls:
+            wire["tool_calls"] = calls
+        out.append(wire)
+    return out
+
+
+def _check_image(role: Role, media_type: str) -> None:
+    if role is not Role.USER:
+        raise _refused(f"images can only be sent in user messages, not {role.value} ones")
+    if not supported_image_media_type(media_type):
+        raise _refused(f"image type {media_type!r} is not supported (use png, jpeg, gif or webp)")
+
+
+def _check_opaque(raw: str) -> str:
+    try:
+        ok = isinstance(json.loads(raw), dict)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise _refused("an openai opaque block must be one JSON object (a content part)")
+    return raw
+
+
+def _refused(message: str) -> LLMError:
+    """A request we will not send: retrying cannot fix it."""
+    return LLMError(message, fault=Fault.TERMINAL, provider=PROVIDER)
+
+
+# -- decoding ---------------------------------------------------------------------------------
+
+
+def decode_completion(data: dict[str, Any]) -> Response:
+    """A non-streaming ``chat.completion`` body as a ``Response``."""
+    choice = data["choices"][0]
+    message = choice["message"]
+    blocks: list[TextBlock | ToolUse] = []
+    if content := _text(message.get("content")):
+        blocks.append(TextBlock(text=content))
+    if refusal := message.get("refusal"):
+        blocks.append(TextBlock(text=refusal))
+    calls = message.get("tool_calls") or []
+    for i, call in enumerate(calls):
+        function = call["function"]
+        arguments = _arguments(function["name"], function.get("arguments") or "")
+        blocks.append(
+            ToolUse(id=call.get("id") or f"call_{i}", name=function["name"], input=arguments)
+        )
+    return Response(
+        message=Message(role=Role.ASSISTANT, blocks=tuple(blocks)),
+        stop_reason=_stop_reason(choice.get("finish_reason"), bool(calls), bool(refusal)),
+        usage=_usage(data.get("usage")),
+        model=data.get("model") or "",
+    )
+
+
+@dataclass
+class _Call:
+    id: str = ""
+    name: str = ""
+    pending: list[str] = field(default_factory=list)
+    started: bool = False
+    ended: bool = False
+
+
+class ChunkDecoder:
+    """Turns ``chat.completion.chunk`` objects into stream events.
+
+    Tool calls are tracked by their wire ``index`` (parallel calls may interleave); a call is
+    announced once its name is known, with any argument text that arrived before it.
+    """
+
+    def __init__(self) -> None:
+        self._calls: dict[int, _Call] = {}
+        self._finish: str | None = None
+        self._refused = False
+        self._model = ""
+
+    def feed(self, chunk: dict[str, Any]) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        self._model = chunk.get("model") or self._model
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if content := _text(delta.get("content")):
+                out.append(TextDelta(index=_CONTENT, text=content))
+            if refusal := delta.get("refusal"):
+                self._refused = True
+                out.append(TextDelta(index=_REFUSAL, text=refusal))
+            for call in delta.get("tool_calls") or []:
+                out.extend(self._call(call))
+            if finish := choice.get("finish_reason"):
+                self._finish = finish
+                out.extend(self._end_calls())
+        if usage := chunk.get("usage"):
+            out.append(UsageUpdate(usage=_usage(usage)))
+        return out
+
+    def done(self) -> list[StreamEvent]:
+        """The closing events, at ``data: [DONE]``."""
+        out = self._end_calls()
+        stop = _stop_reason(self._finish, bool(self._calls), self._refused)
+        out.append(Stop(stop_reason=stop, model=self._model))
+        return out
+
+    def _call(self, delta: dict[str, Any]) -> list[StreamEvent]:
+        i = delta["index"]
+        call = self._calls.setdefault(i, _Call())
+        function = delta.get("function") or {}
+        arguments = function.get("arguments") or ""
+        if call.started:
+            return [ToolCallDelta(index=_FIRST_CALL + i, arguments=arguments)] if arguments else []
+        call.id = call.id or delta.get("id") or ""
+        call.name = call.name or function.get("name") or ""
+        call.pending.append(arguments)
+        if not call.name:
+            return []
+        call.started = True
+        out: list[StreamEvent] = [
+            ToolCallStart(index=_FIRST_CALL + i, id=call.id or f"call_{i}", name=call.name)
+        ]
+        if text := "".join(call.pending):
+            out.append(ToolCallDelta(index=_FIRST_CALL + i, arguments=text))
+        return out
+
+    def _end_calls(self) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        for i in sorted(self._calls):
+            call = self._calls[i]
+            if not call.started:
+                raise _malformed(f"tool call {i} never got a name")
+            if not call.ended:
+                call.ended = True
+                out.append(ToolCallEnd(index=_FIRST_CALL + i))
+        return out
+
+
+def _text(content: Any) -> str:
+    """Message content as text; a few compatible servers send a list of text parts."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def _arguments(name: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text.strip() or "{}")
+    except ValueError:
+        raise _malformed(f"tool call {name!r} arguments are not JSON") from None
+    if not isinstance(value, dict):
+        raise _malformed(f"tool call {name!r} arguments are not a JSON object")
+    return value
+
+
+def _stop_reason(finish: str | None, has_calls: bool, refused: bool) -> StopReason:
+    if refused:
+        return StopReason.REFUSAL
+    reason = _FINISH.get(finish or "", StopReason.END_TURN)
+    # Some compatible servers finish a tool-calling turn with "stop".
+    if reason is StopReason.END_TURN and has_calls:
+        return StopReason.TOOL_USE
+    return reason
+
+
+def _usage(usage: dict[str, Any] | None) -> Usage:
+    if not usage:
+        return Usage()
+    details = usage.get("prompt_tokens_details") or {}
+    return Usage(
+        input_tokens=usage.get("prompt_tokens") or 0,
+        output_tokens=usage.get("completion_tokens") or 0,
+        cache_read_tokens=details.get("cached_tokens") or 0,
+    )
+
+
+def _malformed(what: str) -> LLMError:
+    return LLMError(f"malformed response: {what}", fault=Fault.TRANSIENT, provider=PROVIDER)
+
+
+# -- errors and URLs --------------------------------------------------------------------------
+
+
+def _error_details(content: bytes) -> tuple[str, bool]:
+    """(message, quota exhausted) from an error response body, JSON or not."""
+    try:
+        data = json.loads(content)
+    except ValueError:
+        return content.decode("utf-8", "replace").strip()[:300], False
+    return _error_fields(data.get("error", data) if isinstance(data, dict) else data)
+
+
+def _error_fields(error: Any) -> tuple[str, bool]:
+    if isinstance(error, str):
+        return error, _quota_message(error)
+    if not isinstance(error, dict):
+        return "", False
+    message = str(error.get("message") or "")
+    codes = {error.get("code"), error.get("type")}
+    return message, bool(codes & _QUOTA_CODES) or _quota_message(message)
+
+
+def _quota_message(message: str) -> bool:
+    lowered = message.lower()
+    return any(phrase in lowered for phrase in _QUOTA_PHRASES)
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    """OpenAI sends ``retry-after-ms`` next to ``retry-after``; the former is more precise."""
+    if ms := headers.get("retry-after-ms"):
+        try:
+            return max(float(ms) / 1000, 0.0)
+        except ValueError:
+            pass
+    return parse_retry_after(headers.get("retry-after"))
+
+
+def _describe(exc: httpx.RequestError, where: str) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return f"could not connect to {where}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out talking to {where} ({type(exc).__name__})"
+    return f"connection to {where} failed ({type(exc).__name__})"
+
+
+def _display_url(url: str) -> str:
+    """scheme://host[:port]/path: never userinfo or query, which may hold credentials."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

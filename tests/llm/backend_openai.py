@@ -1,0 +1,159 @@
+"""The OpenAI adapter against ``FakeOpenAI``, as a contract-suite ``Backend``.
+
+Request bytes are read by position (``json.JSONDecoder.raw_decode``), not re-serialised, so
+``prefix_bytes`` and ``replayed_opaque`` report exactly what went over the wire.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from runtime.llm import RetryPolicy
+from runtime.llm.providers.openai import OpenAIModel
+
+from .fake_openai import FakeOpenAI
+from .harness import CacheLayout
+from .steps import Step
+
+API_KEY = "sk-test-0penai-fake-key-9f8e7d6c5b4a"
+MODEL = "gpt-test"
+_DECODER = json.JSONDecoder()
+_MODELLED_PARTS = frozenset({"text", "image_url"})
+
+Span = tuple[int, int]
+
+
+def _skip(text: str, pos: int) -> int:
+    while text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _members(text: str, pos: int) -> dict[str, Span]:
+    """Spans of the values of the JSON object starting at ``pos``."""
+    out: dict[str, Span] = {}
+    pos = _skip(text, pos) + 1  # "{"
+    while (pos := _skip(text, pos)) < len(text) and text[pos] != "}":
+        key, pos = _DECODER.raw_decode(text, pos)
+        pos = _skip(text, _skip(text, pos) + 1)  # ":"
+        _, end = _DECODER.raw_decode(text, pos)
+        out[key] = (pos, end)
+        pos = _skip(text, end)
+        pos += text[pos] == ","
+    return out
+
+
+def _items(text: str, pos: int) -> list[Span]:
+    """Spans of the items of the JSON array starting at ``pos``."""
+    out: list[Span] = []
+    pos = _skip(text, pos) + 1  # "["
+    while (pos := _skip(text, pos)) < len(text) and text[pos] != "]":
+        _, end = _DECODER.raw_decode(text, pos)
+        out.append((pos, end))
+        pos = _skip(text, end)
+        pos += text[pos] == ","
+    return out
+
+
+def _port_message_ends(text: str, messages: list[Span]) -> tuple[int | None, list[int]]:
+    """Where the system prompt's encoding ends (None without one), and where each port
+    message's does.
+
+    The adapter writes one port message as one wire message, except a user message with tool
+    results: its ``tool`` messages, then optionally one ``user`` message. So a run of ``tool``
+    messages and the ``user`` message right after it are one port message. A leading
+    ``system`` wire message is taken for the request's system prompt.
+    """
+    roles = [json.loads(text[a:b])["role"] for a, b in messages]
+    system = messages[0][1] if roles[:1] == ["system"] else None
+    ends: list[int] = []
+    i = 0 if system is None else 1
+    while i < len(roles):
+        if roles[i] == "tool":
+            while i + 1 < len(roles) and roles[i + 1] == "tool":
+                i += 1
+            if i + 1 < len(roles) and roles[i + 1] == "user":
+                i += 1
+        ends.append(messages[i][1])
+        i += 1
+    return system, ends
+
+
+class OpenAIBackend:
+    name = "openai"
+
+    def __init__(self, fake: FakeOpenAI) -> None:
+        self.fake = fake
+
+    def script(self, *steps: Step) -> None:
+        self.fake.script(*steps)
+
+    def model(self, *, retry: RetryPolicy | None = None) -> OpenAIModel:
+        return OpenAIModel(MODEL, api_key=API_KEY, base_url=self.fake.base_url, retry=retry)
+
+    def sent(self) -> list[dict[str, Any]]:
+        return [r.body for r in self.fake.requests]
+
+    def sent_raw(self) -> list[bytes]:
+        return [r.raw for r in self.fake.requests]
+
+    def _text(self, index: int) -> tuple[str, dict[str, Span]]:
+        text = self.fake.requests[index].raw.decode()
+        return text, _members(text, 0)
+
+    def cache_layout(self, index: int) -> CacheLayout:
+        # OpenAI caches prefixes automatically: no markers, only the routing key.
+        return CacheLayout(
+            prefix_marked=False,
+            message_marker_after=None,
+            key=self.sent()[index].get("prompt_cache_key"),
+        )
+
+    def prefix_bytes(self, index: int, stable_messages: int) -> bytes:
+        """Everything up to the end of the ``stable_messages``-th port message. The adapter
+        puts ``model`` and ``tools`` before ``messages``, so this is a true byte prefix."""
+        text, members = self._text(index)
+        messages = _items(text, members["messages"][0])
+        system, ends = _port_message_ends(text, messages)
+        if stable_messages > len(ends):
+            raise IndexError(f"request {index} has only {len(ends)} messages")
+        if stable_messages:
+            end = ends[stable_messages - 1]
+        elif system is not None:
+            end = system
+        else:
+            end = _skip(text, members["messages"][0]) + 1  # just past "["
+        return text[:end].encode()
+
+    def _parts(self, index: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(raw text, parsed) of every content part of every message in request ``index``."""
+        text, members = self._text(index)
+        for a, _ in _items(text, members["messages"][0]):
+            content = _members(text, a).get("content")
+            if content and text[content[0]] == "[":
+                for p, q in _items(text, content[0]):
+                    yield text[p:q], json.loads(text[p:q])
+
+    def replayed_opaque(self, index: int) -> list[str]:
+        # Opaque blocks of other providers are dropped; an OpenAI one is a content part the
+        # adapter does not model itself, spliced verbatim.
+        return [raw for raw, part in self._parts(index) if part.get("type") not in _MODELLED_PARTS]
+
+    def images(self, index: int) -> list[tuple[str, bytes]]:
+        out = []
+        for _, part in self._parts(index):
+            if part.get("type") == "image_url":
+                head, _, data = part["image_url"]["url"].partition(",")
+                media_type = head.removeprefix("data:").removesuffix(";base64")
+                out.append((media_type, base64.b64decode(data)))
+        return out
+
+
+@contextmanager
+def make_backend(*, interleave_tool_calls: bool = False) -> Iterator[OpenAIBackend]:
+    with FakeOpenAI(interleave_tool_calls=interleave_tool_calls) as fake:
+        yield OpenAIBackend(fake)
