@@ -64,7 +64,7 @@ CAPS = {
     "anthropic": Caps(cache_markers=True, cache_key=False, cache_writes=True,
                       opaque_replies=True, opaque_sample=THINKING),
     "openai": Caps(cache_markers=False, cache_key=True, cache_writes=False,
-                   opaque_replies=False, opaque_sample='{"type":"text","text":"as sent"}'),
+                   opaque_replies=False, opaque_sample='{"type":"refusal","refusal":"as sent"}'),
 }
 
 
