@@ -2,18 +2,23 @@
 
 Request bytes are read by position (``json.JSONDecoder.raw_decode``), not re-serialised, so
 ``prefix_bytes`` and ``replayed_opaque`` report exactly what went over the wire.
+
+An OpenAI opaque block is one content part spliced verbatim, and it may well look like a part
+the adapter writes itself (``{"type":"text",...}``), so the bytes alone cannot say which parts
+were opaque. The backend's models therefore record the port requests they are given, and
+``replayed_opaque`` looks in the bytes for the opaque parts of the request that produced them.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from runtime.llm import RetryPolicy
-from runtime.llm.providers.openai import OpenAIModel
+from runtime.llm import OpaqueBlock, Request, Response, RetryPolicy, StreamEvent
+from runtime.llm.providers.openai import OpenAIModel, encode_request
 
 from .fake_openai import FakeOpenAI
 from .harness import CacheLayout
@@ -22,7 +27,6 @@ from .steps import Step
 API_KEY = "sk-test-0penai-fake-key-9f8e7d6c5b4a"
 MODEL = "gpt-test"
 _DECODER = json.JSONDecoder()
-_MODELLED_PARTS = frozenset({"text", "image_url"})
 
 Span = tuple[int, int]
 
@@ -83,17 +87,46 @@ def _port_message_ends(text: str, messages: list[Span]) -> tuple[int | None, lis
     return system, ends
 
 
+class _RecordingModel(OpenAIModel):
+    """The adapter, noting each port request it is asked."""
+
+    def __init__(self, asked: list[Request], **kw: Any) -> None:
+        super().__init__(MODEL, **kw)
+        self._asked = asked
+
+    async def generate(self, request: Request) -> Response:
+        self._asked.append(request)
+        return await super().generate(request)
+
+    def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
+        self._asked.append(request)
+        return super().stream(request)
+
+
 class OpenAIBackend:
     name = "openai"
 
     def __init__(self, fake: FakeOpenAI) -> None:
         self.fake = fake
+        self._asked: list[Request] = []
 
     def script(self, *steps: Step) -> None:
         self.fake.script(*steps)
 
     def model(self, *, retry: RetryPolicy | None = None) -> OpenAIModel:
-        return OpenAIModel(MODEL, api_key=API_KEY, base_url=self.fake.base_url, retry=retry)
+        return _RecordingModel(
+            self._asked, api_key=API_KEY, base_url=self.fake.base_url, retry=retry
+        )
+
+    def _request(self, index: int) -> Request:
+        """The port request that wire request ``index`` encodes (retries repeat one)."""
+        raw = self.fake.requests[index].raw
+        for request in self._asked:
+            for stream in (False, True):
+                # A loopback server gets the output ceiling as ``max_tokens``.
+                if encode_request(MODEL, request, stream=stream, ceiling="max_tokens") == raw:
+                    return request
+        raise LookupError(f"request {index} was not sent by this backend's models")
 
     def sent(self) -> list[dict[str, Any]]:
         return [r.body for r in self.fake.requests]
@@ -139,9 +172,17 @@ class OpenAIBackend:
                     yield text[p:q], json.loads(text[p:q])
 
     def replayed_opaque(self, index: int) -> list[str]:
-        # Opaque blocks of other providers are dropped; an OpenAI one is a content part the
-        # adapter does not model itself, spliced verbatim.
-        return [raw for raw, part in self._parts(index) if part.get("type") not in _MODELLED_PARTS]
+        """The request's OpenAI opaque blocks that are, verbatim, content parts on the wire
+        (other providers' blocks are dropped by the adapter, so never listed)."""
+        parts = [raw for raw, _ in self._parts(index)]
+        out = []
+        for message in self._request(index).messages:
+            for block in message.blocks:
+                if isinstance(block, OpaqueBlock) and block.provider == self.name:
+                    if block.raw in parts:
+                        parts.remove(block.raw)
+                        out.append(block.raw)
+        return out
 
     def images(self, index: int) -> list[tuple[str, bytes]]:
         out = []
