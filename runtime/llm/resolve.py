@@ -104,8 +104,8 @@ def model_settings(
 ) -> ModelSettings:
     """Resolve name, provider, key and base URL without building anything.
 
-    Raises ``ConfigurationError`` for an unknown name, a missing key (except for a loopback
-    base URL: local servers rarely want one) or a base URL a key must not be sent to.
+    Raises ``ConfigurationError`` for an unknown name, a missing key (except for an OpenAI
+    loopback base URL: local servers rarely want one) or a base URL a key must not be sent to.
     """
     settings = Settings(env, dotenv_path)
     if not (name and name.strip()):
@@ -123,8 +123,9 @@ def model_settings(
             f"refusing to send a {chosen} API key to {url!r}: use https, or http only to "
             "a loopback address (127.0.0.1, localhost)"
         )
-    local = url is not None and urlsplit(url).scheme == "http"  # safe plain http is loopback only
-    if not key and not local:
+    # safe plain http is loopback only: a local OpenAI-compatible server needs no key
+    keyless = chosen == "openai" and url is not None and urlsplit(url).scheme == "http"
+    if not key and not keyless:
         raise ConfigurationError(
             f"no API key for {chosen}: set {names.api_key} (environment or .env) "
             "or pass api_key="
@@ -153,4 +154,5 @@ def resolve_model(
         return AnthropicModel(s.model, s.api_key, s.base_url, **options)
     from .providers.openai import OpenAIModel
 
-    return OpenAIModel(s.model, s.api_key, s.base_url, **options)
+    # "" rather than None: a keyless local server must not pick up OPENAI_API_KEY behind our back
+    return OpenAIModel(s.model, s.api_key or "", s.base_url, **options)

@@ -236,3 +236,18 @@ def test_aliases_are_unique_and_resolve_to_catalog_models() -> None:
     names = [m.name for m in catalog.MODELS]
     assert len(names) == len(set(names)) and set(aliases.values()) <= set(names)
     assert not set(aliases) & set(names)
+
+
+def test_a_local_server_gets_no_key_from_the_process_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    model = resolve_model("openai:qwen2.5", env={"OPENAI_BASE_URL": "http://127.0.0.1:8080/v1"},
+                          dotenv_path=tmp_path / "none")
+    assert model.name == "qwen2.5"
+    assert SECRET not in repr(vars(model))
+
+
+def test_anthropic_always_needs_a_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="ANTHROPIC_API_KEY"):
+        model_settings("sonnet", env={"ANTHROPIC_BASE_URL": "http://127.0.0.1:9/"},
+                       dotenv_path=tmp_path / "none")
