@@ -12,6 +12,10 @@ surfacing as a mysterious transport error. The check is ``strict=True`` (no coer
 must be an int, a literal exactly the literal) plus "no unknown fields": the SDK models allow
 extra keys so they survive API additions, which would let a misspelt field through, so we walk
 the validated tree and reject any ``model_extra``.
+
+Requests are checked the same way against the SDK's ``CompletionCreateParams`` (strict, extra
+keys forbidden); one that does not match is answered 400, as the real API would, with the
+validation errors as the message, and kept in ``rejected``.
 """
 
 from __future__ import annotations
@@ -20,11 +24,16 @@ import itertools
 import json
 import threading
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat.completion_create_params import (
+    CompletionCreateParamsNonStreaming,
+    CompletionCreateParamsStreaming,
+)
 from openai.types.shared import ErrorObject
 
 from runtime.llm.types import Response, StopReason, TextBlock, ToolUse, Usage
@@ -82,6 +91,28 @@ def validate_chunk(chunk: dict[str, Any]) -> ChatCompletionChunk:
     value = _CHUNK.validate_python(chunk, strict=True)
     _no_extras(value, "ChatCompletionChunk")
     return value
+
+
+# TypedDicts cannot take a config of their own in a TypeAdapter, but nested in a list they
+# inherit it: that is how unknown request keys become errors.
+_STRICT = pydantic.ConfigDict(strict=True, extra="forbid")
+_REQUEST = pydantic.TypeAdapter(list[CompletionCreateParamsNonStreaming], config=_STRICT)
+_STREAM_REQUEST = pydantic.TypeAdapter(list[CompletionCreateParamsStreaming], config=_STRICT)
+
+
+def _drain(value: Any) -> Any:
+    """Pydantic validates ``Iterable`` fields lazily; iterate them so every item is checked."""
+    if isinstance(value, dict):
+        return {k: _drain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | Iterator):
+        return [_drain(v) for v in value]
+    return value
+
+
+def validate_request(body: dict[str, Any]) -> dict[str, Any]:
+    """A request body as the SDK would build it: known keys only, each of the right type."""
+    adapter = _STREAM_REQUEST if body.get("stream") is True else _REQUEST
+    return _drain(adapter.validate_python([body]))[0]
 
 
 def validate_error(body: dict[str, Any]) -> ErrorObject:
@@ -266,6 +297,7 @@ class FakeOpenAI:
         self._steps: deque[_Prepared] = deque()
         self._lock = threading.Lock()
         self._ids = itertools.count()
+        self.rejected: list[str] = []
         self._server = LoopbackServer(self._respond)
 
     @property
@@ -321,12 +353,20 @@ class FakeOpenAI:
         if rec.path != PATH:
             ex.send_json(404, _error_body(f"no route {rec.path}", "invalid_request_error"))
             return
+        body = rec.body
+        try:
+            validate_request(body)
+        except pydantic.ValidationError as e:
+            self.rejected.append(str(e))
+            ex.send_json(
+                400, _error_body(f"fake: not a valid request: {e}", "invalid_request_error")
+            )
+            return
         with self._lock:
             prepared = self._steps.popleft() if self._steps else None
         if prepared is None:  # terminal, so a surplus call fails at once instead of retrying
             ex.send_json(400, _error_body("fake: no scripted reply left", "invalid_request_error"))
             return
-        body = rec.body
         if body.get("stream") is True:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             self._stream(prepared, ex, prepared.chunks if usage else prepared.chunks_no_usage)

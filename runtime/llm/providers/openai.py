@@ -27,9 +27,11 @@ Choices worth knowing (each keeps a request valid on OpenAI *and* on local serve
 from __future__ import annotations
 
 import base64
+import functools
 import ipaddress
 import json
 import os
+import ssl
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -224,7 +226,7 @@ class OpenAIModel:
         if self._http is not None:
             yield self._http
         else:
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(verify=_tls()) as client:
                 yield client
 
     # -- errors ------------------------------------------------------------------------------
@@ -575,6 +577,13 @@ def _describe(exc: httpx.RequestError, where: str) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return f"timed out talking to {where} ({type(exc).__name__})"
     return f"connection to {where} failed ({type(exc).__name__})"
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for the process: building one (loading the CA bundle) costs more than
+    the rest of a per-call client, and a context is safe to share."""
+    return httpx.create_ssl_context()
 
 
 def _display_url(url: str) -> str:
