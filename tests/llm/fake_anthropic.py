@@ -60,7 +60,14 @@ class Events:
     events: tuple[tuple[str, dict[str, Any]], ...]
 
 
-FakeStep = Step | StreamError | Events
+@dataclass(frozen=True)
+class Body:
+    """Answer with exactly this (validated) non-streaming message body."""
+
+    body: dict[str, Any]
+
+
+FakeStep = Step | StreamError | Events | Body
 
 KIND_TO_ERROR_TYPE = {
     "rate_limit": "rate_limit_error",
@@ -69,6 +76,8 @@ KIND_TO_ERROR_TYPE = {
     "server": "api_error",
     "bad_request": "invalid_request_error",
     "auth": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
 }
 STOP_TO_WIRE = {
     StopReason.END_TURN: "end_turn",
@@ -380,6 +389,8 @@ class FakeAnthropic:
                 self._stream(ex, stream_events(step, model=model, msg_id=msg_id))
             case Response():
                 self._json(ex, message_body(step, model=model, msg_id=msg_id))
+            case Body(body=reply):
+                self._json(ex, reply)
             case Events(events=events):
                 self._stream(ex, list(events))
             case StreamError(response=r, error_type=etype, message=message, after_events=n):
