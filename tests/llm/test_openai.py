@@ -27,6 +27,7 @@ from runtime.llm import (
     ImageBlock,
     LLMError,
     Message,
+    Model,
     OpaqueBlock,
     Request,
     Response,
@@ -149,10 +150,13 @@ def server() -> Iterator[Callable[[Callable[[Recorded, Exchange], None]], Loopba
         srv.__exit__(None, None, None)
 
 
-def sse(*chunks: dict[str, Any] | str, done: bool = True) -> Callable[[Recorded, Exchange], None]:
-    """A responder streaming these chunks (dicts are checked against the SDK first)."""
+def sse(
+    *chunks: dict[str, Any] | str, done: bool = True, check: bool = True
+) -> Callable[[Recorded, Exchange], None]:
+    """A responder streaming these chunks (dicts are checked against the SDK first, unless
+    ``check`` is off for deliberately wrong ones; error objects are not chunks)."""
     for c in chunks:
-        if isinstance(c, dict) and "error" not in c:
+        if check and isinstance(c, dict) and "error" not in c:
             validate_chunk(c)
 
     def respond(rec: Recorded, ex: Exchange) -> None:
@@ -296,6 +300,7 @@ async def test_stream_requests_ask_for_the_usage_chunk(fake: FakeOpenAI) -> None
     await assemble(model_for(fake).stream(ask()))
     body = fake.requests[0].body
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert fake.requests[0].headers["accept"] == "text/event-stream"
     assert fake.requests[0].raw.endswith(b',"stream":true,"stream_options":{"include_usage":true}}')
 
 
@@ -525,7 +530,7 @@ async def test_refusal_streamed_and_generated_alike(fake: FakeOpenAI) -> None:
     fake.script(want, want)
     generated, streamed = await generate_and_stream(model_for(fake), ask())
     assert generated == streamed == want
-    assert fake.requests and all(not r.body.get("n") for r in fake.requests)
+    assert generated.stop_reason is StopReason.REFUSAL
 
 
 async def test_a_server_without_usage_reports_zero(server: Any) -> None:
@@ -624,6 +629,7 @@ def test_unsafe_base_url_is_refused_before_sending(base_url: str) -> None:
 
 def test_model_identity() -> None:
     model = OpenAIModel("gpt-4.1", api_key=API_KEY)
+    assert isinstance(model, Model)
     assert (model.name, model.provider) == ("gpt-4.1", "openai")
     assert repr(model) == (
         "OpenAIModel(model='gpt-4.1', base_url='https://api.openai.com/v1', api_key=set)"
@@ -846,6 +852,23 @@ async def test_malformed_data_is_transient(fake: FakeOpenAI, mode: str) -> None:
     with pytest.raises(LLMError) as info:
         await (model.generate(ask()) if mode == "generate" else assemble(model.stream(ask())))
     assert info.value.fault is Fault.TRANSIENT and "malformed" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("mode", "respond"),
+    [  # JSON, but not shaped like a completion / a chunk
+        ("generate", lambda rec, ex: ex.send_json(200, {"choices": "none"})),
+        ("stream", sse({"choices": [{"delta": {"tool_calls": [{"id": "c"}]}}]}, check=False)),
+        ("stream", sse({"choices": ["text"]}, check=False)),
+        ("stream", sse('["a list"]')),
+    ],
+)
+async def test_wrong_shapes_are_malformed_not_crashes(server: Any, mode: str, respond: Any) -> None:
+    srv = server(respond)
+    model = OpenAIModel("m", base_url=f"{srv.url}/v1", retry=policy(Sleeps(), 1))
+    with pytest.raises(LLMError, match="malformed") as info:
+        await (model.generate(ask()) if mode == "generate" else assemble(model.stream(ask())))
+    assert info.value.fault is Fault.TRANSIENT
 
 
 async def test_stream_ending_without_done_is_transient(server: Any) -> None:

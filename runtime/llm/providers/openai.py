@@ -87,6 +87,8 @@ _QUOTA_PHRASES = ("exceeded your current quota", "billing hard limit", "billing 
 _TERMINAL_STREAM_ERRORS = frozenset(
     {"invalid_request_error", "authentication_error", "permission_error", "not_found_error"}
 )
+# What a well-formed JSON value of the wrong shape raises while we pick it apart.
+_SHAPE_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)
 # Fixed block positions, so a stream assembles in the order ``generate`` decodes: the text,
 # then a refusal, then the tool calls by their wire index.
 _CONTENT, _REFUSAL, _FIRST_CALL = 0, 1, 2
@@ -134,7 +136,7 @@ class OpenAIModel:
         self._model = model
         self._url = f"{base}/chat/completions"
         self._max_tokens = max_tokens
-        self._retry = retry or RetryPolicy()
+        self._retry = retry if retry is not None else RetryPolicy()
         self._timeout = httpx.Timeout(timeout)
         self._http = http_client
 
@@ -169,17 +171,17 @@ class OpenAIModel:
         )
 
     async def _generate_once(self, body: bytes) -> Response:
-        async with self._exchange(body) as response:
+        async with self._exchange(body, accept="application/json") as response:
             raw = await response.aread()
         try:
             return decode_completion(json.loads(raw))
         except LLMError:
             raise
-        except (ValueError, KeyError, TypeError, IndexError):
+        except _SHAPE_ERRORS:
             raise _malformed("the response body is not a chat completion") from None
 
     async def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
-        async with self._exchange(body) as response:
+        async with self._exchange(body, accept="text/event-stream") as response:
             decoder = ChunkDecoder()
             async for sse in iter_sse(response):
                 if sse.data.strip() == "[DONE]":
@@ -194,14 +196,18 @@ class OpenAIModel:
                     raise _malformed("a stream event is not a JSON object")
                 if "error" in chunk:
                     raise self._stream_error(chunk["error"])
-                for event in decoder.feed(chunk):
+                try:
+                    events = decoder.feed(chunk)
+                except _SHAPE_ERRORS:
+                    raise _malformed("a stream event is not a chat completion chunk") from None
+                for event in events:
                     yield event
         raise LLMError("the stream ended before [DONE]", fault=Fault.TRANSIENT, provider=PROVIDER)
 
     @asynccontextmanager
-    async def _exchange(self, body: bytes) -> AsyncIterator[httpx.Response]:
+    async def _exchange(self, body: bytes, accept: str) -> AsyncIterator[httpx.Response]:
         """POST ``body``; yield a 2xx response, raise ``LLMError`` for anything else."""
-        headers = {"content-type": "application/json", "accept": "application/json"}
+        headers = {"content-type": "application/json", "accept": accept}
         if self._key:
             headers["authorization"] = f"Bearer {self._key}"
         try:
