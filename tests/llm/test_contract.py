@@ -380,6 +380,16 @@ async def test_broken_stream_is_a_transient_fault_without_a_response(backend: Ba
     assert len(backend.sent()) == 1
 
 
+@pytest.mark.parametrize("broken", [DropMidStream, MalformedEvent])
+async def test_broken_reply_to_generate_is_a_transient_fault(backend: Backend,
+                                                             broken: type) -> None:
+    backend.script(broken(reply("This reply never completes, sadly.")), reply("second try"))
+    sleeps = Sleeps()
+    got = await backend.model(retry=policy(sleeps, attempts=2)).generate(ask())
+    same(got, reply("second try"))  # transient, so retried: nothing partial was returned
+    assert len(backend.sent()) == 2 and len(sleeps.waits) == 1
+
+
 # -- cancellation and concurrency -------------------------------------------------------
 
 
