@@ -6,7 +6,7 @@ import time
 
 import anyio
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.llm import (
@@ -296,6 +296,7 @@ responses = st.builds(
 )
 
 
+@settings(deadline=None)
 @given(responses)
 def test_stream_assembles_to_generate_for_any_response(resp: Response) -> None:
     async def check() -> None:

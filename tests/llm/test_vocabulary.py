@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
@@ -201,11 +201,13 @@ responses = st.builds(Response, message=messages, stop_reason=st.sampled_from(St
                       model=texts)
 
 
+@settings(deadline=None)
 @given(requests)
 def test_any_request_round_trips(request: Request) -> None:
     assert Request.model_validate_json(request.model_dump_json()) == request
 
 
+@settings(deadline=None)
 @given(responses)
 def test_any_response_round_trips(response: Response) -> None:
     assert Response.model_validate_json(response.model_dump_json()) == response
