@@ -1,0 +1,573 @@
+"""The reactive kernel: signals, computeds and effects (push-pull, glitch-free, iterative).
+
+The cell layer is built on this module and it knows nothing of cells, documents or LLMs.
+
+How a write propagates (after alien-signals and Preact signals):
+
+1. *Push*: a changed signal marks its direct subscribers DIRTY and every node downstream of
+   them PENDING, queueing the effects it reaches. Nothing is computed yet.
+2. *Pull*: each queued effect asks "did anything I read really change?". An iterative
+   depth-first walk (``_check_dirty``) goes down through PENDING nodes to the DIRTY ones,
+   recomputes those bottom-up, and lets a change mark only the direct subscribers DIRTY. A
+   recomputation that yields an equal value stops there (value gating).
+
+So a node runs only when something live (an effect) needs it (demand-driven), at most once per
+propagation, and only after everything it reads is fresh: no observer can see a mix of old and
+new values (glitch-free). Computeds with no live subscriber are not subscribed to their
+dependencies at all; they recompute lazily when read after any write.
+
+Depth: propagation and dirty checks use explicit stacks. Evaluating a never-computed chain is
+recursive by nature (a computation reads its input, which computes first); past
+``MAX_DEPTH`` nested computations the innermost one is suspended and a driver loop computes
+it first, then retries, so a chain of any length evaluates within Python's stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+__all__ = [
+    "MAX_DEPTH",
+    "Computed",
+    "CycleError",
+    "Effect",
+    "Signal",
+    "WriteInComputationError",
+    "batch",
+    "untracked",
+]
+
+# Node flags.
+_DIRTY = 1  # a dependency changed: must recompute
+_PENDING = 2  # something upstream may have changed: check before using
+_RUNNING = 4  # computing now (re-entry means a cycle)
+_EFFECT = 8  # a live sink
+_QUEUED = 16  # effect waiting in the flush queue
+_STALE = _DIRTY | _PENDING
+
+MAX_DEPTH = 64  # nested first-time computations before the driver takes over
+EFFECT_RUN_LIMIT = 1000  # runs of one effect within one flush before we call it a cycle
+CYCLE_CHECK_AFTER = 100_000  # effect runs in one flush before we start counting per effect
+
+
+class CycleError(RuntimeError):
+    """A computation that depends on itself, or effects that re-trigger each other forever."""
+
+    def __init__(self, message: str, nodes: list[Any]) -> None:
+        super().__init__(message)
+        self.nodes = nodes
+
+
+class WriteInComputationError(RuntimeError):
+    """Computations are pure: they read, never write."""
+
+
+class _Suspend(Exception):
+    def __init__(self, node: Computed[Any]) -> None:
+        self.node = node
+
+
+class _State:
+    __slots__ = ("active", "batch", "depth", "epoch", "flushing", "queue")
+
+    def __init__(self) -> None:
+        self.active: Computed[Any] | Effect | None = None  # who is reading (tracking)
+        self.batch = 0
+        self.depth = 0
+        self.epoch = 0  # bumped by every signal change: lets lazy computeds skip checks
+        self.flushing = False
+        self.queue: list[Effect] = []
+
+
+_G = _State()
+
+
+_UNSET: Any = type("_Unset", (), {"__repr__": lambda self: "<unset>"})()
+
+
+# ---------------------------------------------------------------------------- nodes
+
+
+class Signal(Generic[T]):
+    """A writable source value. ``get()`` inside a computation records a dependency."""
+
+    __slots__ = ("__weakref__", "_value", "flags", "label", "subs")
+
+    def __init__(self, value: T, label: str = "") -> None:
+        self._value = value
+        self.subs: list[Computed[Any] | Effect] = []
+        self.flags = 0
+        self.label = label
+
+    def get(self) -> T:
+        a = _G.active
+        if a is not None:
+            deps = a.deps
+            if not deps or deps[-1] is not self:
+                deps.append(self)
+        return self._value
+
+    __call__ = get
+
+    def peek(self) -> T:
+        """The value, without recording a dependency."""
+        return self._value
+
+    def set(self, value: T) -> None:
+        """Replace the value; an equal value changes nothing and notifies no one."""
+        a = _G.active
+        if a is not None and not a.flags & _EFFECT:
+            raise WriteInComputationError(
+                f"computation {a!r} tried to write {self!r}: computations must be pure; "
+                "write from a handler or an effect instead"
+            )
+        old = self._value
+        if value is old or (type(value) is type(old) and value == old):
+            return
+        self._value = value
+        _G.epoch += 1
+        if self.subs:
+            _propagate(self.subs)
+            if not _G.batch:
+                _flush()
+
+    def __repr__(self) -> str:
+        return f"Signal({self.label or hex(id(self))})"
+
+
+class Computed(Generic[T]):
+    """A derived value: ``fn`` reruns only when a value it read last time has changed."""
+
+    __slots__ = (
+        "__weakref__",
+        "deps",
+        "epoch",
+        "error",
+        "flags",
+        "fn",
+        "label",
+        "parent",
+        "subs",
+        "value",
+    )
+
+    def __init__(self, fn: Callable[[], T], label: str = "") -> None:
+        self.fn = fn
+        self.value: Any = _UNSET
+        self.error: BaseException | None = None
+        self.deps: list[Signal[Any] | Computed[Any]] = []
+        self.subs: list[Computed[Any] | Effect] = []
+        self.flags = 0
+        self.epoch = -1  # the _G.epoch at which this was last known fresh; -1: never computed
+        self.label = label or getattr(fn, "__name__", "")
+        self.parent: Computed[Any] | Effect | None = None
+
+    def get(self) -> T:
+        f = self.flags
+        if f & 7:  # _DIRTY | _PENDING | _RUNNING
+            if f & 4:
+                raise _cycle(self)
+            if f & 1 or _check_dirty(self):
+                _refresh(self)
+        elif self.epoch != _G.epoch and not self.subs:
+            _refresh(self)  # not live: no one told us about writes, so recompute
+        a = _G.active
+        if a is not None:
+            deps = a.deps
+            if not deps or deps[-1] is not self:
+                deps.append(self)
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    __call__ = get
+
+    def peek(self) -> T:
+        """The current value without recording a dependency."""
+        prev = _G.active
+        _G.active = None
+        try:
+            return self.get()
+        finally:
+            _G.active = prev
+
+    def __repr__(self) -> str:
+        return f"Computed({self.label or hex(id(self))})"
+
+
+class Effect:
+    """A live sink: runs ``fn`` now and again after every change to what it read.
+
+    Effects are what make computations run (demand). ``dispose()`` stops it and releases
+    everything it kept alive.
+    """
+
+    __slots__ = ("__weakref__", "deps", "flags", "fn", "label", "parent", "subs")
+
+    subs: tuple[()]
+
+    def __init__(self, fn: Callable[[], Any], label: str = "") -> None:
+        self.fn = fn
+        self.deps: list[Signal[Any] | Computed[Any]] = []
+        self.subs = ()
+        self.flags = _EFFECT
+        self.label = label or getattr(fn, "__name__", "")
+        self.parent = None
+        _run_effect(self)
+        if not _G.batch:
+            _flush()
+
+    def dispose(self) -> None:
+        for d in dict.fromkeys(self.deps):
+            _unlink(d, self)
+        self.deps = []
+        self.flags = _EFFECT  # no QUEUED: a queued run is skipped
+
+    def __repr__(self) -> str:
+        return f"Effect({self.label or hex(id(self))})"
+
+
+# ---------------------------------------------------------------------------- batching
+
+
+@contextmanager
+def batch() -> Iterator[None]:
+    """Group writes: effects run once, after the outermost batch ends."""
+    _G.batch += 1
+    try:
+        yield
+    finally:
+        _G.batch -= 1
+        if not _G.batch:
+            _flush()
+
+
+@contextmanager
+def untracked() -> Iterator[None]:
+    """Read without recording dependencies (handlers read this way)."""
+    prev = _G.active
+    _G.active = None
+    try:
+        yield
+    finally:
+        _G.active = prev
+
+
+# ---------------------------------------------------------------------------- propagation
+
+
+def _propagate(subs: list[Any]) -> None:
+    """Mark direct subscribers DIRTY and everything downstream PENDING; queue effects."""
+    q = _G.queue
+    stack: list[list[Any]] = []
+    for s in subs:
+        f = s.flags
+        if f & _DIRTY:
+            continue
+        s.flags = f | _DIRTY
+        if f & _PENDING:
+            continue  # its downstream is already marked
+        if f & _EFFECT:
+            if not f & _QUEUED:
+                s.flags |= _QUEUED
+                q.append(s)
+        elif s.subs:
+            stack.append(s.subs)
+    while stack:
+        for s in stack.pop():
+            f = s.flags
+            if f & _STALE:
+                continue
+            if f & _EFFECT:
+                s.flags = f | _PENDING | _QUEUED
+                q.append(s)
+            else:
+                s.flags = f | _PENDING
+                if s.subs:
+                    stack.append(s.subs)
+
+
+def _check_dirty(node: Any, G: _State = _G) -> bool:
+    """Whether a PENDING node must recompute; refreshes what it reads, bottom-up.
+
+    Iterative depth-first walk over PENDING dependencies. A DIRTY dependency is recomputed on
+    the spot; if its value changed it marks its subscribers (among them the node above it on
+    the walk) DIRTY, which ends the scan of that node.
+    """
+    # Fast path: the node's own dependencies, before allocating a walk stack.
+    deps = node.deps
+    i = 0
+    for d in deps:
+        i += 1
+        f = d.flags
+        if f & 1:  # _DIRTY
+            try:
+                _compute(d)
+            except _Suspend as s:
+                if G.depth:
+                    raise
+                _drive(d, s.node)
+            if node.flags & 1:
+                return True
+        elif f & 2:  # _PENDING: walk down
+            break
+    else:
+        node.flags &= ~2
+        return False
+    # Slow path: an explicit stack of (node, iterator over its remaining deps). A run of
+    # single-dependency nodes (a chain) is walked without pushing frames.
+    stack: list[Any] = []
+    n = d
+    it = iter(n.deps)
+    parent_it = iter(deps[i:])
+    stack.append(node)
+    stack.append(parent_it)
+    while True:
+        for d in it:
+            f = d.flags
+            if f & 1:
+                try:
+                    _compute(d)
+                except _Suspend as s:
+                    if G.depth:
+                        raise
+                    _drive(d, s.node)
+                if n.flags & 1:
+                    break
+            elif f & 2:
+                stack.append(n)
+                stack.append(it)
+                n = d
+                it = iter(d.deps)
+                break
+        else:
+            # every dependency of n checked: n stays clean unless one of them changed
+            if not n.flags & 1:
+                n.flags &= ~2
+                if not stack:
+                    return False
+                it = stack.pop()
+                n = stack.pop()
+                continue
+        if n.flags & 1:
+            if not stack:
+                return True
+            try:
+                _compute(n)
+            except _Suspend as s:
+                if G.depth:
+                    raise
+                _drive(n, s.node)
+            it = stack.pop()
+            n = stack.pop()
+
+
+def _refresh(node: Computed[Any], G: _State = _G) -> None:
+    """Recompute ``node`` now. Nested too deep, it is suspended (``_Suspend``) and the
+    outermost refresh, at depth 0, drives: it computes the suspended node, then retries."""
+    try:
+        _compute(node)
+    except _Suspend as s:
+        if G.depth:
+            raise
+        _drive(node, s.node)
+
+
+def _drive(node: Computed[Any], suspended: Computed[Any]) -> None:
+    todo = [node, suspended]
+    while todo:
+        try:
+            _compute(todo[-1])
+        except _Suspend as s:
+            todo.append(s.node)
+        else:
+            todo.pop()
+
+
+def _compute(node: Computed[Any], G: _State = _G) -> None:
+    if G.depth >= MAX_DEPTH:
+        raise _Suspend(node)
+    prev = G.active
+    old = node.deps
+    node.deps = new = []
+    node.parent = prev
+    f0 = node.flags
+    node.flags = f0 | 4  # _RUNNING
+    G.active = node
+    G.depth += 1
+    try:
+        value = node.fn()
+    except _Suspend:
+        G.depth -= 1
+        G.active = prev
+        node.flags = f0
+        node.deps = old
+        raise
+    except Exception as e:
+        G.depth -= 1
+        G.active = prev
+        node.flags &= ~7
+        node.epoch = G.epoch
+        if new != old and node.subs:
+            _relink(node, old, new)
+        node.error = e
+        node.value = _UNSET
+    except BaseException:
+        G.depth -= 1
+        G.active = prev
+        node.flags = f0
+        node.deps = old
+        raise
+    else:
+        G.depth -= 1
+        G.active = prev
+        node.flags &= ~7
+        node.epoch = G.epoch
+        if new != old and node.subs:
+            _relink(node, old, new)
+        old_value = node.value
+        if node.error is None:
+            if value is old_value or (type(value) is type(old_value) and value == old_value):
+                return  # value gate: nothing downstream needs to know
+        else:
+            node.error = None
+        node.value = value
+    for s in node.subs:
+        f = s.flags
+        if not f & 1:
+            s.flags = f | 1
+            if f & 8 and not f & 16:  # an effect not yet queued
+                s.flags |= 16
+                G.queue.append(s)
+
+
+def _run_effect(e: Effect) -> None:
+    prev = _G.active
+    old = e.deps
+    e.deps = new = []
+    e.flags = _EFFECT
+    _G.active = e
+    try:
+        e.fn()
+    finally:
+        _G.active = prev
+        if new != old:
+            _relink(e, old, new)
+
+
+def _relink(node: Any, old: list[Any], new: list[Any]) -> None:
+    olds = set(old)
+    news = dict.fromkeys(new)
+    for d in news:
+        if d not in olds:
+            _link(d, node)
+    for d in olds:
+        if d not in news:
+            _unlink(d, node)
+
+
+def _link(dep: Any, sub: Any) -> None:
+    """Subscribe ``sub`` to ``dep``; a computed gaining its first subscriber goes live and
+    subscribes to its own dependencies (iteratively)."""
+    stack = [(dep, sub)]
+    while stack:
+        d, s = stack.pop()
+        d.subs.append(s)
+        if len(d.subs) == 1 and type(d) is Computed:
+            if d.epoch != _G.epoch:
+                d.flags |= _DIRTY  # something was written since it last computed
+                _propagate(d.subs)
+            for dd in dict.fromkeys(d.deps):
+                stack.append((dd, d))
+
+
+def _unlink(dep: Any, sub: Any) -> None:
+    """Unsubscribe; a computed losing its last subscriber goes lazy and releases its deps."""
+    stack = [(dep, sub)]
+    while stack:
+        d, s = stack.pop()
+        d.subs.remove(s)
+        if not d.subs and type(d) is Computed:
+            d.flags &= ~_STALE
+            d.epoch = -2  # not live any more: recompute on next read
+            for dd in dict.fromkeys(d.deps):
+                stack.append((dd, d))
+
+
+def _flush(G: _State = _G) -> None:
+    if G.flushing:
+        return
+    G.flushing = True
+    q = G.queue
+    i = 0
+    runs: dict[Effect, int] | None = None
+    first_error: BaseException | None = None
+    try:
+        while i < len(q):
+            e = q[i]
+            i += 1
+            f = e.flags
+            if not f & 16:
+                continue  # disposed while queued
+            e.flags = f & ~16
+            if f & 2 and not f & 1:  # PENDING only: did anything it read really change?
+                for d in e.deps:
+                    fd = d.flags
+                    if fd & 1:
+                        try:
+                            _compute(d)
+                        except _Suspend as s:
+                            _drive(d, s.node)
+                        if e.flags & 1:
+                            break
+                    elif fd & 2:
+                        _check_dirty(e)
+                        break
+                if not e.flags & 1:
+                    e.flags &= ~2
+                    continue
+            if i > CYCLE_CHECK_AFTER:  # a long flush: start counting runs per effect
+                runs = runs if runs is not None else {}
+                runs[e] = n = runs.get(e, 0) + 1
+                if n > EFFECT_RUN_LIMIT:
+                    raise _effect_cycle(runs)
+            try:
+                _run_effect(e)
+            except Exception as err:  # one failing effect must not starve the others
+                if first_error is None:
+                    first_error = err
+    finally:
+        for e in q[i:]:
+            e.flags &= ~16
+        del q[:]
+        G.flushing = False
+    if first_error is not None:
+        raise first_error
+
+
+def _effect_cycle(runs: dict[Effect, int]) -> CycleError:
+    loop = [e for e, n in sorted(runs.items(), key=lambda kv: -kv[1]) if n > EFFECT_RUN_LIMIT // 2]
+    return CycleError(
+        "effects keep re-triggering each other: "
+        + " -> ".join(map(repr, loop))
+        + " (each run writes something that schedules the next)",
+        loop,
+    )
+
+
+def _cycle(node: Computed[Any]) -> CycleError:
+    chain: list[Any] = [node]
+    a = _G.active
+    while a is not None and a is not node:
+        chain.append(a)
+        a = a.parent
+    chain.append(node)
+    chain.reverse()
+    return CycleError(
+        "cycle: " + " -> ".join(map(repr, chain)) + " (a computation reads its own output)",
+        chain,
+    )
