@@ -1,0 +1,279 @@
+"""Documents and transactions: the state the cells point into.
+
+A document is a JSON value under a ``DocKey``. Stored documents live in a kernel ``Signal``
+(and in the store); derived documents are the outputs of computations and live in a kernel
+``Computed`` (never stored: they are recomputed). Reads inside a computation go through the
+kernel, so they are tracked; writes go through a ``Transaction`` and reach the kernel only
+when it commits, all at once, after every changed document validated against its schema.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import signals
+from .errors import CellError, PathError, SchemaError
+from .jsonpath import MISSING, Path, assign, copy_json, is_link, parse_pointer, pointer, step
+from .schema import validate
+from .storage import DocKey, Store, Write
+
+if TYPE_CHECKING:
+    from .cell import Stream
+
+MAX_LINK_HOPS = 64
+log = logging.getLogger("celldialog")
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change record of a commit: what was written where, and the value before it."""
+
+    space: str
+    id: str
+    path: str
+    before: Any
+    after: Any
+    scope: str = ""
+
+
+class Doc:
+    __slots__ = ("derived", "key", "label", "node", "schema", "version")
+
+    def __init__(self, key: DocKey, node: Any, schema: dict[str, Any] | None, label: str,
+                 derived: bool, version: int = 0) -> None:
+        self.key = key
+        self.node = node
+        self.schema = schema
+        self.label = label
+        self.derived = derived
+        self.version = version
+
+    def describe(self) -> str:
+        scope = f" [{self.key.scope}]" if self.key.scope else ""
+        return f"{self.label or 'document'} (/{self.key.id}{scope})"
+
+
+class Documents:
+    """The documents of one runtime, loaded on demand from its store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._docs: dict[DocKey, Doc] = {}
+        self.tx: Transaction | None = None
+        self.streams: dict[DocKey, Stream] = {}
+        self.listeners: list[Callable[[list[Change]], None]] = []
+        self.errors: list[tuple[str, BaseException]] = []
+
+    def report(self, error: BaseException, where: str) -> None:
+        """Record an error that has no caller to raise to (a sink, a queued event)."""
+        self.errors.append((where, error))
+        log.error("%s failed: %s", where, error, exc_info=error)
+
+    # -- declaring -------------------------------------------------------------------
+
+    def declare(self, key: DocKey, initial: Any, schema: dict[str, Any] | None = None,
+                label: str = "", overwrite: bool = False) -> Doc:
+        """The stored document at ``key``: loaded if the store has it, else created with
+        ``initial`` (validated, then written to the store at once so a restart finds it)."""
+        doc = self._docs.get(key)
+        if doc is None:
+            stored = self.store.load(key)
+            if stored is not None and not overwrite:
+                doc = Doc(key, signals.Signal(stored.value, label), schema, label, False,
+                          stored.version)
+                self._docs[key] = doc
+                return doc
+        elif doc.derived:
+            raise CellError(f"{doc.describe()} is computed and cannot be declared as stored")
+        if doc is not None:
+            if schema is not None:
+                doc.schema = schema
+            if not overwrite or _same_json(doc.node.peek(), initial):
+                return doc
+        validate(initial, schema, f"{label or 'document'} (/{key.id})")
+        versions = self.store.commit([Write(key, initial)])
+        if doc is None:
+            doc = Doc(key, signals.Signal(initial, label), schema, label, False)
+            self._docs[key] = doc
+        else:
+            doc.node.set(initial)
+        doc.version = versions[key]
+        return doc
+
+    def derive(self, key: DocKey, fn: Callable[[], Any], label: str = "") -> Doc:
+        doc = Doc(key, signals.Computed(fn, label), None, label, True)
+        self._docs[key] = doc
+        return doc
+
+    def forget(self, key: DocKey) -> None:
+        self._docs.pop(key, None)
+        self.streams.pop(key, None)
+
+    def doc(self, key: DocKey) -> Doc:
+        doc = self._docs.get(key)
+        if doc is not None:
+            return doc
+        stored = self.store.load(key)
+        if stored is None:
+            raise PathError(
+                f"no document /{key.id} in space {key.space!r}"
+                + (f" (scope {key.scope})" if key.scope else "")
+                + ": it was never created, or it is computed by a pattern instance that is "
+                "not running"
+            )
+        doc = Doc(key, signals.Signal(stored.value), None, "", False, stored.version)
+        self._docs[key] = doc
+        return doc
+
+    # -- reading ---------------------------------------------------------------------
+
+    def value(self, key: DocKey) -> Any:
+        """The document's value: the open transaction's version for the handler that owns
+        it, the committed one (tracked by the kernel) for everyone else."""
+        tx = self.tx
+        if tx is not None and signals._G.active is None:
+            v = tx.writes.get(key, MISSING)
+            if v is not MISSING:
+                return v
+        return self.doc(key).node.get()
+
+    def resolve(self, key: DocKey, path: Path, *, follow_last: bool = True
+                ) -> tuple[DocKey, Path, Any]:
+        """Follow links along ``path``: the document and path that really hold the value,
+        and the value (MISSING if the last step does not exist)."""
+        value = self.value(key)
+        i = 0
+        hops = 0
+        while True:
+            if is_link(value) and (i < len(path) or follow_last):
+                hops += 1
+                if hops > MAX_LINK_HOPS:
+                    raise PathError(f"link cycle while reading /{key.id}{pointer(path)}")
+                key, target = parse_link(value, key)
+                path = target + path[i:]
+                i = len(target)
+                value = self.value(key)
+                for t in target:
+                    value = step(value, t)
+                    if value is MISSING:
+                        raise PathError(f"link {value!r} points at a missing path")
+                continue
+            if i == len(path):
+                return key, path, value
+            nxt = step(value, path[i])
+            if nxt is MISSING:
+                if i == len(path) - 1:
+                    return key, path, MISSING
+                raise PathError(_missing(self, key, path[: i + 1], value))
+            value = nxt
+            i += 1
+
+    def materialize(self, value: Any, key: DocKey, seen: frozenset[Any] = frozenset()) -> Any:
+        """A plain copy of ``value`` with nested links replaced by what they point at."""
+        t = type(value)
+        if t is dict:
+            if is_link(value):
+                target, path = parse_link(value, key)
+                mark = (target, path)
+                if mark in seen:
+                    return copy_json(value)  # a cycle of links: show the link itself
+                tkey, _, v = self.resolve(target, path)
+                return self.materialize(v, tkey, seen | {mark})
+            return {k: self.materialize(v, key, seen) for k, v in value.items()}
+        if t is list:
+            return [self.materialize(v, key, seen) for v in value]
+        return value
+
+
+def parse_link(link: dict[str, Any], base: DocKey) -> tuple[DocKey, Path]:
+    """``{"@link": "/<id>/<path>", "scope": "user:alice"?}`` -> (document key, path)."""
+    tokens = parse_pointer(link["@link"])
+    if not tokens or not tokens[0]:
+        raise PathError(f"malformed link {link!r}: expected {{'@link': '/<id>/<path>'}}")
+    scope = link.get("scope", "")
+    return DocKey(base.space, scope, str(tokens[0])), tokens[1:]
+
+
+def make_link(key: DocKey, path: Path) -> dict[str, Any]:
+    link: dict[str, Any] = {"@link": f"/{key.id}{pointer(path)}"}
+    if key.scope:
+        link["scope"] = key.scope
+    return link
+
+
+def _missing(docs: Documents, key: DocKey, path: Path, parent: Any) -> str:
+    where = f"/{key.id}{pointer(path)}"
+    if type(parent) is dict:
+        keys = ", ".join(sorted(parent)) or "none"
+        return f"nothing at {where}: the object there has keys [{keys}]"
+    if type(parent) is list:
+        return f"nothing at {where}: the list there has {len(parent)} items"
+    return f"nothing at {where}: the value above it is {type(parent).__name__}, not a container"
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+class Transaction:
+    """Buffered writes: reads see the snapshot plus these writes; ``commit`` applies all of
+    them atomically (validate, store, then the kernel in one batch) or none."""
+
+    def __init__(self, docs: Documents) -> None:
+        self.docs = docs
+        self.writes: dict[DocKey, Any] = {}
+        self.changes: list[tuple[DocKey, Path, Any, Any]] = []
+        self.outbox: list[tuple[Stream, Any]] = []
+
+    def write(self, key: DocKey, path: Path, value: Any) -> None:
+        doc = self.docs.doc(key)
+        if doc.derived:
+            raise CellError(
+                f"cannot write to {doc.describe()}: it is computed from other cells; "
+                "write to the cells it reads instead"
+            )
+        root = self.writes[key] if key in self.writes else doc.node.peek()
+        before = root
+        for t in path:
+            before = step(before, t)
+        try:
+            new_root = assign(root, path, value)
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise PathError(
+                f"cannot write {doc.describe()}{pointer(path)}: its parent does not exist "
+                "(set the parent object first)"
+            ) from None
+        self.writes[key] = new_root
+        self.changes.append((key, path, before, value))
+
+    def commit(self) -> list[Change]:
+        docs = self.docs
+        if not self.writes:
+            return []
+        for key, root in self.writes.items():
+            doc = docs.doc(key)
+            if doc.schema is not None:
+                try:
+                    validate(root, doc.schema, doc.describe())
+                except SchemaError as e:
+                    written = [pointer(p) or "/" for k, p, _, _ in self.changes if k == key]
+                    e.args = (f"{e.args[0]}; nothing was committed (wrote {', '.join(written)})",)
+                    raise
+        versions = docs.store.commit(
+            [Write(k, v, docs.doc(k).version) for k, v in self.writes.items()]
+        )
+        with signals.batch():
+            for key, root in self.writes.items():
+                doc = docs.doc(key)
+                doc.version = versions[key]
+                doc.node.set(root)
+        records = [
+            Change(k.space, k.id, pointer(p), b, a, k.scope) for k, p, b, a in self.changes
+        ]
+        self.writes = {}
+        for listener in list(docs.listeners):
+            listener(records)
+        return records

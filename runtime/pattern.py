@@ -1,0 +1,261 @@
+"""Declaring graphs: ``@pattern``, ``cell``, ``lift``, ``computed`` and ``@handler``.
+
+A pattern function runs once per instance to build its graph. While it runs, a ``Builder``
+(held in a context variable) gives every node a cause-derived id: the same pattern run with
+the same cause in a restarted process names the same documents.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+
+from .cell import Cell, Stream
+from .errors import BindingError, PatternError
+from .ids import derive
+from .jsonpath import check_json
+from .schema import SchemaLike, to_json_schema
+from .storage import DocKey
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+Scope = Literal["space", "user", "session"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+_builder: ContextVar[Builder | None] = ContextVar("celldialog_builder", default=None)
+
+
+def _current(what: str) -> Builder:
+    b = _builder.get()
+    if b is None:
+        raise PatternError(
+            f"{what} builds a graph node, so it must be called inside a @pattern function "
+            "(which rt.run(...) executes)"
+        )
+    return b
+
+
+class Builder:
+    """Collects one instance's nodes while its pattern function runs."""
+
+    def __init__(self, rt: Runtime, name: str, space: str, user: str | None,
+                 session: str | None, cause_id: str, scope: str) -> None:
+        self.rt = rt
+        self.name = name
+        self.space = space
+        self.user = user
+        self.session = session
+        self.cause_id = cause_id
+        self.scope = scope  # the instance's own scope key (narrowest of user / session)
+        self.counters: dict[str, int] = {}
+        self.derived: list[DocKey] = []
+        self.streams: list[Stream] = []
+
+    def scope_key(self, scope: Scope) -> str:
+        if scope == "space":
+            return ""
+        if scope == "user":
+            if self.user is None:
+                raise PatternError("a user-scoped cell needs rt.run(..., user=...)")
+            return f"user:{self.user}"
+        if scope == "session":
+            if self.session is None:
+                raise PatternError("a session-scoped cell needs rt.run(..., session=...)")
+            return f"session:{self.session}"
+        raise PatternError(f"unknown scope {scope!r}: use 'space', 'user' or 'session'")
+
+    def key(self, kind: str, name: str | None, scope: str) -> DocKey:
+        if name is None:
+            n = self.counters.get(kind, 0)
+            self.counters[kind] = n + 1
+            name = f"#{n}"
+        return DocKey(self.space, scope, derive(self.cause_id, kind, name))
+
+    def label(self, kind: str, name: str | None) -> str:
+        """A readable name for errors: ``todo.items`` or ``todo.cell#0``."""
+        return f"{self.name}.{name}" if name else f"{self.name}.{kind}#{self.counters[kind] - 1}"
+
+
+# ---------------------------------------------------------------------------- builders
+
+
+def cell(value: Any = None, schema: SchemaLike | None = None, *, scope: Scope = "space",
+         name: str | None = None) -> Cell:
+    """A stored cell of this pattern instance, created with ``value`` the first time.
+
+    ``scope`` makes one copy per space (shared), per user or per session; ``name`` gives
+    the document a stable identity even if the pattern's code is reordered.
+    """
+    b = _current("cell()")
+    js = to_json_schema(schema)
+    key = b.key("cell", name, b.scope_key(scope))
+    label = b.label("cell", name)
+    initial = check_json(value, f"initial value of {label}")
+    b.rt.docs.declare(key, initial, js, label=label)
+    return Cell(b.rt.docs, key, (), js)
+
+
+def computed(fn: Callable[[], Any], *, name: str | None = None) -> Cell:
+    """A cell whose value is ``fn()``, recomputed when a cell it read changes. It runs only
+    when something live (a sink, an effect) needs it, and at most once per commit."""
+    b = _current("computed()")
+    key = b.key("derived", name, b.scope)
+    b.rt.docs.derive(key, fn, b.label("derived", name or getattr(fn, "__name__", None)))
+    b.derived.append(key)
+    return Cell(b.rt.docs, key)
+
+
+def lift(fn: Callable[..., Any]) -> Callable[..., Cell]:
+    """Turn a pure function of values into a node factory: ``lift(len)(items)`` is a cell
+    holding ``len(items.get())``. Cell arguments are read, other arguments passed as is."""
+
+    @functools.wraps(fn)
+    def node(*args: Any, **kwargs: Any) -> Cell:
+        def run() -> Any:
+            a = [x.get() if isinstance(x, Cell) else x for x in args]
+            k = {n: x.get() if isinstance(x, Cell) else x for n, x in kwargs.items()}
+            return fn(*a, **k)
+
+        run.__name__ = getattr(fn, "__name__", "lift")
+        return computed(run)
+
+    return node
+
+
+class Handler:
+    """A function ``fn(event, **state)``; calling it with the state binds it to a Stream."""
+
+    def __init__(self, fn: Callable[..., Any], event_schema: dict[str, Any] | None) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.event_schema = event_schema
+        params = list(inspect.signature(fn).parameters.values())
+        if not params:
+            raise PatternError(f"handler {self.name} must take the event as its first parameter")
+        self._state = params[1:]
+        self._varkw = any(p.kind is p.VAR_KEYWORD for p in self._state)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, **bindings: Any) -> Stream:
+        b = _current(f"binding handler {self.name}")
+        names = {p.name for p in self._state if p.kind is not p.VAR_KEYWORD}
+        for name, value in bindings.items():
+            if name not in names and not self._varkw:
+                raise BindingError(
+                    f"handler {self.name} has no parameter {name!r}; "
+                    f"it takes {sorted(names) or 'no state'}"
+                )
+            if not isinstance(value, Cell | Stream):
+                raise BindingError(
+                    f"handler {self.name}: {name}= must be a Cell or Stream, got "
+                    f"{type(value).__name__} {value!r}. Handlers write state, so bind them "
+                    "to cells; wrap a constant with cell(value)"
+                )
+        missing = [
+            p.name for p in self._state
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+            and p.default is p.empty and p.name not in bindings
+        ]
+        if missing:
+            raise BindingError(f"handler {self.name} is missing bindings for {missing}")
+        key = b.key("stream", None, b.scope)
+        b.rt.docs.declare(key, {"$stream": True}, None, label=self.name, overwrite=True)
+        stream = Stream(b.rt.scheduler, key, self, dict(bindings), self.name)
+        b.rt.docs.streams[key] = stream
+        b.streams.append(stream)
+        return stream
+
+    def __repr__(self) -> str:
+        return f"handler({self.name})"
+
+
+@overload
+def handler(fn: F, /) -> Handler: ...
+@overload
+def handler(*, event: SchemaLike | None = None) -> Callable[[F], Handler]: ...
+
+
+def handler(fn: Callable[..., Any] | None = None, /, *, event: SchemaLike | None = None
+            ) -> Handler | Callable[[Callable[..., Any]], Handler]:
+    """``@handler`` or ``@handler(event=Schema)``: a function ``(event, **state)`` run once
+    per event in its own transaction. Its reads are not subscriptions. Bind it inside a
+    pattern with ``h(state=cell)`` to get the ``Stream`` events are sent to."""
+
+    def wrap(f: Callable[..., Any]) -> Handler:
+        schema = event
+        if schema is None:
+            params = list(inspect.signature(f).parameters.values())
+            ann = params[0].annotation if params else inspect.Parameter.empty
+            if ann is not inspect.Parameter.empty and not isinstance(ann, str):
+                schema = ann
+        return Handler(f, to_json_schema(schema) if schema is not None else None)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+class Pattern:
+    """A graph recipe; ``rt.run(p, args)`` instantiates it."""
+
+    def __init__(self, fn: Callable[..., Any], argument_schema: dict[str, Any] | None) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.key = f"{fn.__module__}.{fn.__qualname__}"
+        self.argument_schema = argument_schema
+        self.signature = inspect.signature(fn)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise PatternError(
+            f"pattern {self.name} is not called directly: use rt.run({self.name}, args)"
+        )
+
+    def bind_arguments(self, argument: Cell, args: dict[str, Any]) -> dict[str, Cell]:
+        params = self.signature.parameters.values()
+        names = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        has_varkw = any(p.kind is p.VAR_KEYWORD for p in params)
+        unknown = [k for k in args if k not in names]
+        if unknown and not has_varkw:
+            raise PatternError(
+                f"pattern {self.name} got unknown arguments {unknown}; it takes {sorted(names)}"
+            )
+        missing = [
+            p.name for p in params
+            if p.name in names and p.default is p.empty and p.name not in args
+        ]
+        if missing:
+            raise PatternError(f"pattern {self.name} is missing arguments {missing}")
+        bound = {n: argument.key(n) for n in names}
+        if has_varkw:
+            bound.update({k: argument.key(k) for k in unknown})
+        return bound
+
+    def defaults(self) -> dict[str, Any]:
+        return {
+            p.name: p.default for p in self.signature.parameters.values()
+            if p.default is not p.empty
+        }
+
+    def __repr__(self) -> str:
+        return f"pattern({self.name})"
+
+
+@overload
+def pattern(fn: F, /) -> Pattern: ...
+@overload
+def pattern(*, argument_schema: SchemaLike | None = None) -> Callable[[F], Pattern]: ...
+
+
+def pattern(fn: Callable[..., Any] | None = None, /, *,
+            argument_schema: SchemaLike | None = None
+            ) -> Pattern | Callable[[Callable[..., Any]], Pattern]:
+    """``@pattern``: a function that builds a graph from its arguments (cells, not values)
+    and returns its outputs (cells, streams, plain JSON, nested in dicts and lists)."""
+
+    def wrap(f: Callable[..., Any]) -> Pattern:
+        return Pattern(f, to_json_schema(argument_schema))
+
+    return wrap(fn) if fn is not None else wrap

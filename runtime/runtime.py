@@ -1,0 +1,242 @@
+"""``Runtime``: owns the documents, the event queue, the async work and the instances."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .cell import Cell, Stream
+from .documents import Change, Documents
+from .errors import PatternError, StreamError
+from .ids import canonical, derive
+from .jsonpath import MISSING, check_json
+from .pattern import Builder, Pattern, _builder
+from .scheduler import Scheduler
+from .storage import DocKey, Store, open_store
+
+
+class Instance:
+    """A running pattern: its ``result`` and ``argument`` cells and its streams."""
+
+    def __init__(self, rt: Runtime, pattern: Pattern, key: tuple[Any, ...], result: Cell,
+                 argument: Cell, builder: Builder, streams: dict[str, Stream]) -> None:
+        self.runtime = rt
+        self.pattern = pattern
+        self.result = result
+        self.argument = argument
+        self.streams = streams
+        self.space = builder.space
+        self.user = builder.user
+        self.session = builder.session
+        self.cause = builder.cause_id
+        self._key = key
+        self._builder = builder
+        self._scopes: list[anyio.CancelScope] = []
+        self.stopped = False
+
+    def stream(self, name: str) -> Stream:
+        """The stream at ``name`` in the result (``"add"`` or a dotted path)."""
+        stream = self.streams.get(name)
+        if stream is None:
+            known = ", ".join(sorted(self.streams)) or "none"
+            raise StreamError(
+                f"pattern {self.pattern.name} has no stream {name!r}; its streams: {known}"
+            )
+        return stream
+
+    async def send(self, name: str, event: Any) -> None:
+        """Send ``event`` to the stream ``name`` and run it (and anything queued before it).
+        Raises the handler's error if it failed; the failed handler committed nothing."""
+        ev = self.runtime.scheduler.enqueue(self.stream(name), event)
+        ev.awaited = True
+        self.runtime.scheduler.drain()
+        await anyio.lowlevel.checkpoint()
+        if ev.error is not None:
+            raise ev.error
+
+    def __repr__(self) -> str:
+        who = "".join(f" {k}={v}" for k, v in (("user", self.user), ("session", self.session))
+                      if v)
+        return f"Instance({self.pattern.name} space={self.space}{who})"
+
+
+class Runtime:
+    """The cell graph runtime. ``async with Runtime(store="sqlite:///app.db") as rt``.
+
+    ``store`` is ``"memory"`` (default), ``"sqlite:///path"`` or a ``Store``. ``clock``
+    (seconds, like ``time.time``) is what turns and heartbeats read, so tests can own time.
+    """
+
+    def __init__(self, store: str | Store = "memory", *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = open_store(store)
+        self.clock = clock
+        self.docs = Documents(self.store)
+        self._changed = anyio.Event()
+        self.scheduler = Scheduler(self.docs, wake=self._poke)
+        self._instances: dict[tuple[Any, ...], Instance] = {}
+        self._tg: TaskGroup | None = None
+        self._inflight = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> Runtime:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        for inst in list(self._instances.values()):
+            self.stop(inst)
+        tg, self._tg = self._tg, None
+        try:
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                return await tg.__aexit__(et, e, tb)
+            return None
+        finally:
+            self.store.close()
+
+    @property
+    def errors(self) -> list[tuple[str, BaseException]]:
+        """Errors with no caller to raise to: failed queued events, failing sinks."""
+        return self.docs.errors
+
+    def on_commit(self, listener: Callable[[list[Change]], None]) -> Callable[[], None]:
+        """Call ``listener(changes)`` after every commit; returns the unsubscribe."""
+        self.docs.listeners.append(listener)
+        return lambda: self.docs.listeners.remove(listener)
+
+    # -- instances -------------------------------------------------------------------
+
+    def run(self, pattern: Pattern, args: dict[str, Any] | None = None, *,
+            space: str = "default", user: str | None = None, session: str | None = None,
+            cause: Any = None) -> Instance:
+        """Instantiate ``pattern`` (or return the running instance with the same identity).
+
+        The instance's documents are named by ``cause`` (default: the pattern and its
+        arguments), so re-running after a restart finds the same documents.
+        """
+        if not isinstance(pattern, Pattern):
+            raise PatternError(f"rt.run() takes a @pattern, got {pattern!r}")
+        args = check_json({} if args is None else args, "pattern arguments")
+        if not isinstance(args, dict):
+            raise PatternError(f"pattern arguments must be a dict, got {type(args).__name__}")
+        args = {**check_json(pattern.defaults(), "pattern defaults"), **args}
+        cause_id = derive("instance", pattern.key, canonical(args) if cause is None else cause)
+        scope = f"session:{session}" if session else f"user:{user}" if user else ""
+        ident = (pattern.key, cause_id, space, scope)
+        running = self._instances.get(ident)
+        if running is not None:
+            return running
+        builder = Builder(self, pattern.name, space, user, session, cause_id, scope)
+        arg_key = DocKey(space, scope, derive(cause_id, "argument"))
+        self.docs.declare(arg_key, args, pattern.argument_schema, f"{pattern.name} argument",
+                          overwrite=True)
+        argument = Cell(self.docs, arg_key, (), pattern.argument_schema)
+        params = pattern.bind_arguments(argument, args)
+        token = _builder.set(builder)
+        try:
+            output = pattern.fn(**params)
+        finally:
+            _builder.reset(token)
+        streams: dict[str, Stream] = {}
+        value = _to_document(output, (), streams)
+        res_key = DocKey(space, scope, derive(cause_id, "result"))
+        self.docs.declare(res_key, value, None, f"{pattern.name} result", overwrite=True)
+        inst = Instance(self, pattern, ident, Cell(self.docs, res_key), argument, builder,
+                        streams)
+        self._instances[ident] = inst
+        return inst
+
+    def stop(self, instance: Instance) -> None:
+        """Tear an instance down: cancel its async work, close its streams, drop its
+        computations. Its stored documents stay (a later run finds them)."""
+        if instance.stopped:
+            return
+        instance.stopped = True
+        for scope in instance._scopes:
+            scope.cancel()
+        for stream in instance._builder.streams:
+            stream.stopped = True
+            self.docs.streams.pop(stream._key, None)
+        for key in instance._builder.derived:
+            self.docs.forget(key)
+        self._instances.pop(instance._key, None)
+
+    # -- waiting ---------------------------------------------------------------------
+
+    async def idle(self) -> None:
+        """Return when no graph work is runnable (every queued event has run)."""
+        self.scheduler.drain()
+        await anyio.lowlevel.checkpoint()
+
+    async def settled(self) -> None:
+        """Return when no graph work is runnable and no async work (LLM turns, tool runs)
+        is in flight."""
+        while True:
+            self.scheduler.drain()
+            if not self._inflight and not self.scheduler.queue:
+                await anyio.lowlevel.checkpoint()
+                if not self._inflight and not self.scheduler.queue:
+                    return
+                continue
+            changed = self._changed
+            await changed.wait()
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any,
+              owner: Instance | None = None, name: str = "task") -> anyio.CancelScope:
+        """Start async work that ``settled()`` waits for; stopping ``owner`` cancels it.
+        Errors are reported in ``rt.errors``, never lost."""
+        if self._tg is None:
+            raise RuntimeError("async work needs a running runtime: use `async with Runtime()`")
+        scope = anyio.CancelScope()
+        if owner is not None:
+            owner._scopes.append(scope)
+        self._inflight += 1
+
+        async def tracked() -> None:
+            try:
+                with scope:
+                    await fn(*args)
+            except Exception as e:
+                self.docs.report(e, name)
+            finally:
+                self._inflight -= 1
+                if owner is not None and scope in owner._scopes:
+                    owner._scopes.remove(scope)
+                self._poke()
+
+        self._tg.start_soon(tracked, name=name)
+        return scope
+
+    def __repr__(self) -> str:
+        return f"Runtime({self.store!r}, {len(self._instances)} instances)"
+
+
+def _to_document(value: Any, path: tuple[str, ...], streams: dict[str, Stream]) -> Any:
+    """A pattern's output as a document: cells become links, streams links to their
+    stream documents (and are collected by dotted name)."""
+    if isinstance(value, Cell):
+        return value.link()
+    if isinstance(value, Stream):
+        streams[".".join(path)] = value
+        return value.link()
+    if isinstance(value, dict):
+        return {str(k): _to_document(v, (*path, str(k)), streams) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_document(v, (*path, str(i)), streams) for i, v in enumerate(value)]
+    if value is MISSING:
+        return None
+    return check_json(value, f"pattern output at /{'/'.join(path)}")
+

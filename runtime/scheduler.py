@@ -1,0 +1,127 @@
+"""The event queue: handlers run once per event, FIFO, each in its own transaction.
+
+Events sent while a handler runs (``stream.send`` inside it) are held with its transaction
+and queued only if it commits. Each event remembers which event caused it; a causal chain
+longer than ``MAX_CHAIN`` is a cycle (handlers and sinks re-triggering each other) and is
+reported with the handlers involved instead of spinning forever.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import signals
+from .documents import Documents, Transaction
+from .errors import CycleError, StreamError
+from .jsonpath import check_json, copy_json
+from .schema import validate
+
+if TYPE_CHECKING:
+    from .cell import Stream
+
+MAX_CHAIN = 1000
+
+
+class Event:
+    __slots__ = ("awaited", "depth", "done", "error", "parent", "payload", "stream")
+
+    def __init__(self, stream: Stream, payload: Any, parent: Event | None) -> None:
+        self.stream = stream
+        self.payload = payload
+        self.parent = parent
+        self.depth = parent.depth + 1 if parent else 0
+        self.done = False
+        self.awaited = False  # a sender waits for it: errors go to them, not to rt.errors
+        self.error: BaseException | None = None
+
+
+class Scheduler:
+    def __init__(self, docs: Documents, wake: Callable[[], None] = lambda: None) -> None:
+        self.docs = docs
+        self.queue: deque[Event] = deque()
+        self.current: Event | None = None
+        self._draining = False
+        self._wake = wake
+
+    def enqueue(self, stream: Stream, payload: Any) -> Event:
+        if stream.stopped:
+            raise StreamError(f"{stream!r} belongs to a stopped instance; nothing will handle it")
+        payload = check_json(payload, f"event for {stream.name}")
+        tx = self.docs.tx
+        if tx is not None and self.current is not None and tx is self._tx:
+            # sent from inside a handler: leaves only if that handler commits
+            tx.outbox.append((stream, payload))
+            return Event(stream, payload, self.current)
+        return self._push(stream, payload, self.current)
+
+    def _push(self, stream: Stream, payload: Any, parent: Event | None) -> Event:
+        ev = Event(stream, payload, parent)
+        if ev.depth > MAX_CHAIN:
+            raise _chain_cycle(ev)
+        self.queue.append(ev)
+        self._wake()
+        return ev
+
+    _tx: Transaction | None = None
+
+    def drain(self) -> None:
+        """Run queued events until the queue is empty (re-entrant calls return at once)."""
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self.queue:
+                self._run(self.queue.popleft())
+        finally:
+            self._draining = False
+
+    def _run(self, ev: Event) -> None:
+        stream = ev.stream
+        docs = self.docs
+        self.current = ev
+        tx = self._tx = Transaction(docs)
+        docs.tx = tx
+        try:
+            if stream.stopped:
+                raise StreamError(f"{stream!r} was stopped before its event ran")
+            handler = stream.handler
+            if handler.event_schema is not None:
+                validate(ev.payload, handler.event_schema, f"event for {stream.name}")
+            with signals.untracked():
+                handler.fn(copy_json(ev.payload), **stream.bindings)
+            docs.tx = None
+            tx.commit()
+            for target, payload in tx.outbox:
+                self._push(target, payload, ev)
+        except Exception as e:
+            ev.error = e
+            if not ev.awaited:
+                docs.report(e, f"handler {stream.name}")
+        finally:
+            docs.tx = None
+            self._tx = None
+            self.current = None
+            ev.done = True
+
+
+def _chain_cycle(ev: Event) -> CycleError:
+    names: list[str] = []
+    streams: list[Any] = []
+    e: Event | None = ev
+    for _ in range(64):
+        if e is None:
+            break
+        if e.stream not in streams:
+            streams.append(e.stream)
+            names.append(e.stream.name)
+        e = e.parent
+    names.reverse()
+    streams.reverse()
+    return CycleError(
+        f"events keep causing each other ({MAX_CHAIN} in a row): "
+        + " -> ".join(names)
+        + " -> ... (a handler's write wakes something that sends to it again)",
+        streams,
+    )
