@@ -13,13 +13,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from . import catalog
 from .config import DEFAULT_MODEL_VAR, PROVIDER_VARS, Settings
 from .errors import ConfigurationError
 from .model import Model
-from .safety import safe_base_url
+from .safety import is_loopback_url, safe_base_url
 
 PROVIDERS: tuple[str, ...] = tuple(PROVIDER_VARS)
 
@@ -123,8 +122,8 @@ def model_settings(
             f"refusing to send a {chosen} API key to {url!r}: use https, or http only to "
             "a loopback address (127.0.0.1, localhost)"
         )
-    # safe plain http is loopback only: a local OpenAI-compatible server needs no key
-    keyless = chosen == "openai" and url is not None and urlsplit(url).scheme == "http"
+    # a local OpenAI-compatible server needs no key (the adapter makes the same exception)
+    keyless = chosen == "openai" and is_loopback_url(url)
     if not key and not keyless:
         raise ConfigurationError(
             f"no API key for {chosen}: set {names.api_key} (environment or .env) "

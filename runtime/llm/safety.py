@@ -8,13 +8,22 @@ from urllib.parse import urlsplit
 SUPPORTED_IMAGE_MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a URL's hostname: no port, IPv6 without brackets) is this machine:
+    ``localhost``, ``127.0.0.0/8`` or ``::1``. A name that merely starts with one of them
+    (``localhost.example``, ``127.0.0.1.example``) is not."""
+    host = host.lower()
     if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def is_loopback_url(url: str | None) -> bool:
+    """Whether ``url`` points at a loopback host (any scheme): a local model server."""
+    return bool(url) and is_loopback_host(urlsplit(url).hostname or "")
 
 
 def safe_base_url(url: str | None) -> bool:
@@ -29,7 +38,7 @@ def safe_base_url(url: str | None) -> bool:
     if parts.scheme == "https":
         return bool(parts.hostname)
     if parts.scheme == "http":
-        return _is_loopback(parts.hostname or "")
+        return is_loopback_host(parts.hostname or "")
     return False
 
 

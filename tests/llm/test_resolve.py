@@ -158,6 +158,10 @@ def test_missing_key_is_an_error_except_for_a_local_server(tmp_path: Path) -> No
     local = model_settings("openai:qwen2.5", env={"OPENAI_BASE_URL": "http://127.0.0.1:8080/v1"},
                            dotenv_path=none)
     assert (local.api_key, local.base_url) == (None, "http://127.0.0.1:8080/v1")
+    # the same rule as the adapter's: loopback over https (a local TLS proxy) needs no key either
+    tls = model_settings("openai:qwen2.5", base_url="https://localhost:8443/v1", env={},
+                         dotenv_path=none)
+    assert tls.api_key is None
 
 
 @pytest.mark.parametrize("url", ["http://models.example.com/v1", "ftp://127.0.0.1/",

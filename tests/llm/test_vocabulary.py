@@ -42,6 +42,7 @@ from runtime.llm import (
     supported_image_media_type,
 )
 from runtime.llm.events import response_events
+from runtime.llm.safety import is_loopback_host, is_loopback_url
 
 IMAGE = bytes(range(256)) + b"\x00\xff\xfe not utf-8 \x80"
 RAW = '{"type":"thinking","thinking":"é ✓ \\u00e9","signature":"AbC+/=="}'
@@ -303,6 +304,34 @@ def test_llm_error_carries_its_classification() -> None:
 )
 def test_safe_base_url(url: str | None, safe: bool) -> None:
     assert safe_base_url(url) is safe
+
+
+@pytest.mark.parametrize(
+    ("url", "loopback"),
+    [
+        ("http://127.0.0.1:8080/v1", True),
+        ("https://127.9.9.9", True),
+        ("http://LOCALHOST:11434/v1", True),
+        ("http://[::1]:8000", True),
+        ("ws://localhost", True),  # any scheme: whether it is *safe* is safe_base_url's call
+        ("http://localhost.evil.example", False),
+        ("http://127.0.0.1.evil.example", False),
+        ("http://10.0.0.5", False),
+        ("http://0.0.0.0", False),
+        ("https://api.openai.com/v1", False),
+        ("127.0.0.1:8080", False),  # no scheme: no host either
+        ("", False),
+        (None, False),
+    ],
+)
+def test_is_loopback_url(url: str | None, loopback: bool) -> None:
+    assert is_loopback_url(url) is loopback
+
+
+def test_is_loopback_host_takes_a_bare_hostname() -> None:
+    assert is_loopback_host("::1") and is_loopback_host("127.0.0.2")
+    assert is_loopback_host("LocalHost")
+    assert not is_loopback_host("[::1]") and not is_loopback_host("") and not is_loopback_host("::")
 
 
 @pytest.mark.parametrize(

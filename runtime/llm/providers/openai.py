@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import ipaddress
 import json
 import os
 import ssl
@@ -52,7 +51,7 @@ from ..events import (
     UsageUpdate,
 )
 from ..retry import RetryPolicy, parse_retry_after, retry_call, retry_stream
-from ..safety import safe_base_url, supported_image_media_type
+from ..safety import is_loopback_url, safe_base_url, supported_image_media_type
 from ..types import (
     ImageBlock,
     Message,
@@ -126,7 +125,7 @@ class OpenAIModel:
                 f"refusing OpenAI base URL {self._where}: an API key may only be sent over "
                 "https, or over http to a loopback host (127.0.0.1, ::1, localhost)"
             )
-        self._local = _is_loopback(base)
+        self._local = is_loopback_url(base)
         if not key and not self._local:
             raise ConfigurationError(
                 f"no OpenAI API key for {self._where}: pass api_key or set OPENAI_API_KEY "
@@ -603,13 +602,3 @@ def _display_url(url: str) -> str:
     except ValueError:
         port = ""
     return f"{parts.scheme}://{host}{port}{parts.path}"
-
-
-def _is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
