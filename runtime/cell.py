@@ -179,8 +179,13 @@ class Cell:
         return effect.dispose
 
     def link(self) -> dict[str, Any]:
-        """The JSON link that points here: ``{"@link": "/<id>/<path>"}``."""
-        return make_link(self._key, self.path)
+        """The JSON link to the cell that holds this value: ``{"@link": "/<id>/<path>"}``
+        (links along the way are followed, so the link stays valid if they change)."""
+        try:
+            key, path, _ = self._docs.resolve(self._key, self.path, follow_last=False)
+        except PathError:
+            key, path = self._key, self.path
+        return make_link(key, path)
 
     def __repr__(self) -> str:
         scope = f" [{self.scope}]" if self.scope else ""

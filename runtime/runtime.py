@@ -97,8 +97,10 @@ class Runtime:
         tg, self._tg = self._tg, None
         try:
             if tg is not None:
+                # our tasks never raise (spawn reports their errors), so the body's own
+                # exception is the only one: let it propagate as is, not in a group
                 tg.cancel_scope.cancel()
-                return await tg.__aexit__(et, e, tb)
+                await tg.__aexit__(None, None, None)
             return None
         finally:
             self.store.close()
