@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+
+from pydantic import BaseModel
 
 from .cell import Cell, Stream
 from .errors import BindingError, PatternError
@@ -129,10 +132,12 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Cell]:
 class Handler:
     """A function ``fn(event, **state)``; calling it with the state binds it to a Stream."""
 
-    def __init__(self, fn: Callable[..., Any], event_schema: dict[str, Any] | None) -> None:
+    def __init__(self, fn: Callable[..., Any], event_schema: dict[str, Any] | None,
+                 event_model: type[BaseModel] | None = None) -> None:
         self.fn = fn
         self.name = fn.__name__
         self.event_schema = event_schema
+        self.event_model = event_model  # events arrive as this model when it is set
         params = list(inspect.signature(fn).parameters.values())
         if not params:
             raise PatternError(f"handler {self.name} must take the event as its first parameter")
@@ -186,15 +191,25 @@ def handler(fn: Callable[..., Any] | None = None, /, *, event: SchemaLike | None
     pattern with ``h(state=cell)`` to get the ``Stream`` events are sent to."""
 
     def wrap(f: Callable[..., Any]) -> Handler:
-        schema = event
-        if schema is None:
-            params = list(inspect.signature(f).parameters.values())
-            ann = params[0].annotation if params else inspect.Parameter.empty
-            if ann is not inspect.Parameter.empty and not isinstance(ann, str):
-                schema = ann
-        return Handler(f, to_json_schema(schema) if schema is not None else None)
+        schema = event if event is not None else _event_annotation(f)
+        model = schema if isinstance(schema, type) and issubclass(schema, BaseModel) else None
+        return Handler(f, to_json_schema(schema) if schema is not None else None, model)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _event_annotation(f: Callable[..., Any]) -> Any:
+    """The first parameter's annotation (resolving string annotations), if it is a type."""
+    params = list(inspect.signature(f).parameters.values())
+    if not params:
+        return None
+    try:
+        ann = typing.get_type_hints(f).get(params[0].name)
+    except Exception:  # unresolvable forward reference: no schema, not an error
+        return None
+    if ann is None or ann is Any:
+        return None
+    return ann
 
 
 class Pattern:

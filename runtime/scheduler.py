@@ -89,8 +89,11 @@ class Scheduler:
             handler = stream.handler
             if handler.event_schema is not None:
                 validate(ev.payload, handler.event_schema, f"event for {stream.name}")
+            event = copy_json(ev.payload)
+            if handler.event_model is not None:
+                event = handler.event_model.model_validate(event)
             with signals.untracked():
-                handler.fn(copy_json(ev.payload), **stream.bindings)
+                handler.fn(event, **stream.bindings)
             docs.tx = None
             tx.commit()
             for target, payload in tx.outbox:
