@@ -10,7 +10,8 @@ from __future__ import annotations
 import email.utils
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, nullcontext
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -88,18 +89,25 @@ async def retry_call(call: Callable[[], Awaitable[T]], policy: RetryPolicy) -> T
 
 async def retry_stream(
     open_stream: Callable[[], AsyncIterator[T]], policy: RetryPolicy
-) -> AsyncIterator[T]:
+) -> AsyncGenerator[T, None]:
     """Yield from ``open_stream()``, reopening it after a transient fault that struck before
-    the first event. After output has been delivered a fault propagates as is."""
+    the first event. After output has been delivered a fault propagates as is.
+
+    Closing this generator (a consumer that stops early, a cancelled scope) closes the
+    stream it is reading at once, so the provider's HTTP response is released before
+    ``aclose()`` returns rather than whenever the garbage collector finalises it."""
     started = policy.clock()
     attempt = 0
     while True:
         attempt += 1
         delivered = False
         try:
-            async for item in open_stream():
-                delivered = True
-                yield item
+            stream = open_stream()
+            closing = aclosing(stream) if isinstance(stream, AsyncGenerator) else nullcontext()
+            async with closing:
+                async for item in stream:
+                    delivered = True
+                    yield item
             return
         except LLMError as e:
             wait = None if delivered else _give_up(policy, attempt, started, e)

@@ -23,7 +23,7 @@ def is_loopback_host(host: str) -> bool:
 
 def is_loopback_url(url: str | None) -> bool:
     """Whether ``url`` points at a loopback host (any scheme): a local model server."""
-    return bool(url) and is_loopback_host(urlsplit(url).hostname or "")
+    return is_loopback_host(urlsplit(url or "").hostname or "")
 
 
 def safe_base_url(url: str | None) -> bool:

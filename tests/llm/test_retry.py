@@ -220,3 +220,44 @@ async def test_stream_attempts_are_bounded() -> None:
     with pytest.raises(LLMError):
         await drain(retry_stream(opener, policy(Clock(), max_attempts=4)), [])
     assert opener.opens == 4
+
+
+async def test_stopping_early_closes_the_inner_stream_at_once() -> None:
+    """A consumer that stops early and closes the retry stream closes the provider's stream
+    with it, before ``aclose`` returns (not whenever the garbage collector gets to it), so
+    an HTTP response is released deterministically."""
+    log: list[str] = []
+
+    async def inner() -> AsyncIterator[str]:
+        try:
+            yield "a"
+            yield "b"
+        finally:
+            log.append("inner closed")
+
+    stream = retry_stream(inner, policy(Clock()))
+    assert await anext(stream) == "a"
+    await stream.aclose()
+    log.append("outer closed")
+    assert log == ["inner closed", "outer closed"]
+
+
+async def test_an_inner_stream_without_aclose_is_fine() -> None:
+    class Plain:  # an AsyncIterator, but no async generator: nothing to close
+        def __init__(self) -> None:
+            self.items = ["a", "b"]
+
+        def __aiter__(self) -> Plain:
+            return self
+
+        async def __anext__(self) -> str:
+            if not self.items:
+                raise StopAsyncIteration
+            return self.items.pop(0)
+
+    stream = retry_stream(Plain, policy(Clock()))
+    assert await anext(stream) == "a"
+    await stream.aclose()
+    got: list[str] = []
+    await drain(retry_stream(Plain, policy(Clock())), got)
+    assert got == ["a", "b"]

@@ -31,7 +31,7 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -184,8 +184,9 @@ class AnthropicModel:
 
     async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
         body = self.encode(request, stream=True)
-        async for event in retry_stream(lambda: self._stream_once(body), self._retry):
-            yield event
+        async with aclosing(retry_stream(lambda: self._stream_once(body), self._retry)) as events:
+            async for event in events:
+                yield event
 
     def encode(self, request: Request, *, stream: bool) -> bytes:
         """The exact request body sent for ``request`` (deterministic)."""
