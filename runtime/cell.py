@@ -80,6 +80,11 @@ class Cell:
         """The value, with nested links replaced by their values (a copy: mutating it
         changes nothing). A missing path raises ``PathError`` unless ``default`` is given."""
         try:
+            if not self.path:
+                value = self._docs.value(self._key)
+                t = type(value)
+                if t is not dict and t is not list:
+                    return value  # a scalar at a document's root: nothing to follow or copy
             key, _, value = self._docs.resolve(self._key, self.path)
         except PathError:
             if default is not MISSING:
