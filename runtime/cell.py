@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from . import signals
-from .documents import Documents, Transaction, make_link
+from .documents import Documents, Transaction, _missing, make_link
 from .errors import CellError, PathError, WriteInComputationError
 from .jsonpath import MISSING, Path, check_json, copy_json, pointer
 from .schema import subschema
@@ -114,10 +114,7 @@ class Cell:
             value = parent.raw()
         except PathError as e:
             return str(e)
-        where = f"/{self.id}{pointer(self.path)}"
-        if isinstance(value, dict):
-            return f"nothing at {where}: the object there has keys [{', '.join(sorted(value))}]"
-        return f"nothing at {where}"
+        return _missing(self._docs, self._key, self.path, value)
 
     # -- writing ---------------------------------------------------------------------
 
