@@ -21,7 +21,12 @@ __all__ = [
 def open_store(spec: str | Store) -> Store:
     """``"memory"`` or ``"sqlite:///path/to/file.db"`` (or a ready ``Store``)."""
     if not isinstance(spec, str):
-        return spec
+        if all(callable(getattr(spec, m, None)) for m in ("load", "commit", "keys", "close")):
+            return spec
+        raise TypeError(
+            f"store must be 'memory', 'sqlite:///path/to/file.db' or a Store, "
+            f"got {type(spec).__name__} {spec!r}"
+        )
     if spec == "memory":
         return MemoryStore()
     if spec.startswith("sqlite:///"):

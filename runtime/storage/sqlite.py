@@ -24,10 +24,17 @@ CREATE TABLE IF NOT EXISTS docs (
 class SQLiteStore:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self._db = sqlite3.connect(self.path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(_SCHEMA)
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+        except sqlite3.Error as e:
+            raise type(e)(f"cannot open SQLite store {self.path!r}: {e}") from e
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(_SCHEMA)
+        except sqlite3.Error as e:
+            self._db.close()
+            raise type(e)(f"cannot open SQLite store {self.path!r}: {e}") from e
 
     def load(self, key: DocKey) -> Stored | None:
         row = self._db.execute(
