@@ -183,6 +183,9 @@ class Cell:
     def link(self) -> dict[str, Any]:
         """The JSON link to the cell that holds this value: ``{"@link": "/<id>/<path>"}``
         (links along the way are followed, so the link stays valid if they change)."""
+        if not self.path:
+            # nothing along the way: don't read the document (a computed would run)
+            return make_link(self._key, ())
         try:
             key, path, _ = self._docs.resolve(self._key, self.path, follow_last=False)
         except PathError:
