@@ -11,7 +11,9 @@ hits all alike; each figure is the median over rounds of the mean per request in
 The overhead proper is the client process's CPU time per request (encoding, HTTP, parsing,
 assembling the reply): the server's work is in the other process and does not count. Wall
 time is shown too. A "floor" contender posts pre-encoded bytes with bare httpx and reads the
-raw reply: the transport's own cost, below which no client can go. The fakes' SDK validation
+raw reply: the transport's own cost, below which no client can go. "ours" is an adapter with
+its own pooled client (the default); "ours, shared client" the OpenAI adapter given a caller's
+``httpx.AsyncClient``, which should cost the same. The fakes' SDK validation
 of every body is switched off here (server-side cost, only noise); the replies are still the
 ones the tests validate.
 """
@@ -273,7 +275,7 @@ async def _measure(a_url: str, o_url: str, rounds: int, batch: int) -> list[Cont
             c.cpu.append((time.process_time() - cpu) / batch)
             c.wall.append((time.perf_counter() - wall) / batch)
 
-    for client in (raw, shared, ours_a, sdk_a, sdk_o):
+    for client in (raw, shared, ours_a, ours_o, sdk_a, sdk_o):
         await client.aclose() if hasattr(client, "aclose") else await client.close()
     return contenders
 

@@ -83,6 +83,13 @@ class AnthropicBackend:
         return AnthropicModel(MODEL, api_key=API_KEY, base_url=self.fake.url, retry=retry,
                               http_client=client)
 
+    @property
+    def base_url(self) -> str:
+        return self.fake.url
+
+    def client_ports(self) -> list[int]:
+        return [ex.handler.client_address[1] for ex in self.fake.exchanges]
+
     def sent(self) -> list[dict[str, Any]]:
         return [r.body for r in self.fake.requests]
 

@@ -128,6 +128,13 @@ class OpenAIBackend:
                     return request
         raise LookupError(f"request {index} was not sent by this backend's models")
 
+    @property
+    def base_url(self) -> str:
+        return self.fake.base_url
+
+    def client_ports(self) -> list[int]:
+        return [ex.handler.client_address[1] for ex in self.fake.exchanges]
+
     def sent(self) -> list[dict[str, Any]]:
         return [r.body for r in self.fake.requests]
 

@@ -59,6 +59,18 @@ class Backend(Protocol):
         """(media type, decoded bytes) of every image in request ``index``."""
 
 
+class AdapterBackend(Backend, Protocol):
+    """A provider adapter's backend: a loopback fake server speaking the provider's wire."""
+
+    @property
+    def base_url(self) -> str:
+        """The base URL that points an adapter at the fake."""
+
+    def client_ports(self) -> list[int]:
+        """The client-side port of each request's TCP connection, as the fake saw it (equal
+        ports: one reused connection)."""
+
+
 def load(name: str) -> AbstractContextManager[Backend]:
     import importlib
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
 from runtime.llm import (
@@ -145,15 +144,6 @@ def test_an_unsafe_base_url_is_refused_without_echoing_secrets(url: str) -> None
 def test_repr_names_the_model_but_not_the_key() -> None:
     text = repr(AnthropicModel(MODEL, api_key=KEY, base_url="https://gw.example"))
     assert MODEL in text and "gw.example" in text and KEY not in text
-
-
-async def test_a_given_http_client_is_used_and_left_open(fake: FakeAnthropic) -> None:
-    fake.script(reply("a"))
-    async with httpx.AsyncClient() as client:
-        async with connect(fake.url, http_client=client) as model:
-            await model.generate(ask())
-        assert not client.is_closed
-    assert len(fake.requests) == 1
 
 
 # -- request encoding --------------------------------------------------------------------

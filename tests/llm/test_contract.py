@@ -5,12 +5,15 @@ markers on OpenAI, cache-write counts...) is stated once in ``CAPS`` and asserte
 
 from __future__ import annotations
 
+import gc
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
+import httpx
 import pytest
 
 from runtime.llm import (
@@ -36,8 +39,10 @@ from runtime.llm import (
     Usage,
     assemble,
 )
+from runtime.llm.providers.anthropic import AnthropicModel
+from runtime.llm.providers.openai import OpenAIModel
 
-from .harness import Backend, CacheLayout, load
+from .harness import AdapterBackend, Backend, CacheLayout, load
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent
 
 pytestmark = pytest.mark.anyio
@@ -423,13 +428,9 @@ async def test_concurrent_calls_each_get_one_reply(backend: Backend) -> None:
 # -- adapter-only checks (not meaningful for the scripted model, so not parametrised on it) --
 
 
-def _adapter(provider: str, **kw: Any) -> Model:
+def _adapter(provider: str, **kw: Any) -> AnthropicModel | OpenAIModel:
     if provider == "anthropic":
-        from runtime.llm.providers.anthropic import AnthropicModel
-
         return AnthropicModel("claude-sonnet-4-5", **kw)
-    from runtime.llm.providers.openai import OpenAIModel
-
     return OpenAIModel("gpt-4.1", **kw)
 
 
@@ -448,12 +449,12 @@ async def test_adapter_refuses_to_send_a_key_over_plain_http(provider: str) -> N
 
 
 @pytest.fixture(params=["anthropic", "openai"])
-def adapter(request: pytest.FixtureRequest) -> Iterator[Backend]:
+def adapter(request: pytest.FixtureRequest) -> Iterator[AdapterBackend]:
     with load(request.param) as b:
-        yield b
+        yield cast(AdapterBackend, b)
 
 
-async def test_adapter_drops_opaque_blocks_of_other_providers(adapter: Backend) -> None:
+async def test_adapter_drops_opaque_blocks_of_other_providers(adapter: AdapterBackend) -> None:
     foreign = '{"type":"reasoning","encrypted":"not-for-you-7f3a"}'
     adapter.script(reply("ok"))
     history = (
@@ -465,3 +466,46 @@ async def test_adapter_drops_opaque_blocks_of_other_providers(adapter: Backend) 
     same(await adapter.model().generate(Request(messages=history)), reply("ok"))
     assert adapter.replayed_opaque(0) == []
     assert b"not-for-you-7f3a" not in adapter.sent_raw()[0]
+
+
+async def test_an_owned_client_is_pooled_until_closed(adapter: AdapterBackend) -> None:
+    adapter.script(*(reply(f"r{i}") for i in range(4)))
+    model = _adapter(adapter.name, api_key=SECRET, base_url=adapter.base_url)
+    async with model:
+        await model.generate(ask())
+        await model.generate(ask())
+    await model.generate(ask())  # after aclose(): a new pool, so a new connection
+    await model.aclose()
+    first, second, third = adapter.client_ports()[:3]
+    assert first == second != third
+
+
+async def test_a_given_client_is_used_and_left_open(adapter: AdapterBackend) -> None:
+    adapter.script(reply("a"))
+    async with httpx.AsyncClient() as client:
+        async with _adapter(adapter.name, api_key=SECRET, base_url=adapter.base_url,
+                            http_client=client) as model:
+            await model.generate(ask())
+        assert not client.is_closed
+    assert len(adapter.sent()) == 1
+
+
+def test_a_model_is_usable_from_one_event_loop_after_another(adapter: AdapterBackend) -> None:
+    """A script's ``anyio.run(model.generate, ...)`` twice: the owned pool of the first loop
+    cannot serve the second (its connections belong to a closed loop), so the second gets
+    its own."""
+    adapter.script(reply("one"), reply("two"))
+    model = _adapter(adapter.name, api_key=SECRET, base_url=adapter.base_url)
+
+    async def call() -> str:
+        return (await model.generate(ask())).message.text_content()
+
+    async def call_and_close() -> str:
+        async with model:
+            return await call()
+
+    with warnings.catch_warnings():  # the first loop's pool is dropped with its socket open
+        warnings.simplefilter("ignore", ResourceWarning)
+        assert anyio.run(call) == "one"
+        assert anyio.run(call_and_close) == "two"
+        gc.collect()

@@ -63,6 +63,7 @@ from ..types import (
     ToolUse,
     Usage,
 )
+from ._http import ClientSlot, PooledClient, tls_context
 from ._sse import SSEEvent, iter_sse
 
 __all__ = ["DEFAULT_BASE_URL", "THINKING_BUDGETS", "AnthropicModel"]
@@ -103,11 +104,13 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-class AnthropicModel:
+class AnthropicModel(PooledClient):
     """A ``Model`` backed by Anthropic's Messages API.
 
-    Safe for concurrent use from one event loop. Without ``http_client`` it owns a pooled
-    client, created on first use and released by ``aclose()`` (or ``async with``).
+    Safe for concurrent use. Without ``http_client`` it owns one pooled client, created on
+    first use and released by ``aclose()`` (or ``async with``); it belongs to the event loop
+    that created it, and a call from another loop gets a fresh one (``providers/_http.py``).
+    A given ``httpx.AsyncClient`` is used as is and left open.
     """
 
     def __init__(
@@ -146,8 +149,7 @@ class AnthropicModel:
         self._max_tokens = max_tokens
         self._retry = retry or RetryPolicy()
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
-        self._client = http_client
-        self._owns_client = http_client is None
+        self._http = ClientSlot(http_client, lambda: httpx.AsyncClient(verify=tls_context()))
 
     @property
     def name(self) -> str:
@@ -163,18 +165,6 @@ class AnthropicModel:
 
     def __repr__(self) -> str:
         return f"AnthropicModel(model={self._model!r}, base_url={self.base_url!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this model created it."""
-        if self._owns_client and self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
-
-    async def __aenter__(self) -> AnthropicModel:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     # -- the port ----------------------------------------------------------------------
 
@@ -200,10 +190,9 @@ class AnthropicModel:
     async def _post(self, body: bytes) -> AsyncIterator[httpx.Response]:
         """POST ``body``; yields a 200 response. ``async with client.stream`` closes the
         connection on any exit, so a cancelled caller never leaves a request running."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self._timeout)
+        client = self._http.get()
         try:
-            async with self._client.stream(
+            async with client.stream(
                 "POST", self._url, content=body, headers=self._headers, timeout=self._timeout
             ) as response:
                 if response.status_code != 200:

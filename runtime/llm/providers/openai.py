@@ -27,10 +27,8 @@ Choices worth knowing (each keeps a request valid on OpenAI *and* on local serve
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
-import ssl
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -65,6 +63,7 @@ from ..types import (
     ToolUse,
     Usage,
 )
+from ._http import ClientSlot, PooledClient, tls_context
 from ._sse import iter_sse
 
 __all__ = ["DEFAULT_BASE_URL", "PROVIDER", "OpenAIModel"]
@@ -93,7 +92,7 @@ _SHAPE_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)
 _CONTENT, _REFUSAL, _FIRST_CALL = 0, 1, 2
 
 
-class OpenAIModel:
+class OpenAIModel(PooledClient):
     """A ``Model`` over the Chat Completions API.
 
     The key comes from ``api_key`` or ``OPENAI_API_KEY``, the base URL from ``base_url``,
@@ -101,9 +100,11 @@ class OpenAIModel:
     server usually needs none; if one is configured it is sent there too, as loopback traffic
     never leaves the machine). A base URL that is not https, or http to loopback, is refused.
 
-    Without ``http_client`` every call opens and closes its own connection: nothing to close,
-    safe across event loops and concurrent calls. Pass a shared ``httpx.AsyncClient`` (which
-    you own and close) to reuse connections. ``timeout`` applies to each request either way.
+    Safe for concurrent use. Without ``http_client`` it owns one pooled client, created on
+    first use and released by ``aclose()`` (or ``async with``); it belongs to the event loop
+    that created it, and a call from another loop gets a fresh one (``providers/_http.py``).
+    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` applies to each
+    request either way.
     """
 
     def __init__(
@@ -137,7 +138,7 @@ class OpenAIModel:
         self._max_tokens = max_tokens
         self._retry = retry if retry is not None else RetryPolicy()
         self._timeout = httpx.Timeout(timeout)
-        self._http = http_client
+        self._http = ClientSlot(http_client, lambda: httpx.AsyncClient(verify=tls_context()))
 
     @property
     def name(self) -> str:
@@ -209,13 +210,11 @@ class OpenAIModel:
         headers = {"content-type": "application/json", "accept": accept}
         if self._key:
             headers["authorization"] = f"Bearer {self._key}"
+        client = self._http.get()
         try:
-            async with (
-                self._client() as client,
-                client.stream(
-                    "POST", self._url, content=body, headers=headers, timeout=self._timeout
-                ) as response,
-            ):
+            async with client.stream(
+                "POST", self._url, content=body, headers=headers, timeout=self._timeout
+            ) as response:
                 if not response.is_success:
                     await response.aread()
                     raise self._http_error(response)
@@ -225,14 +224,6 @@ class OpenAIModel:
             raise LLMError(
                 _describe(exc, self._where), fault=Fault.TRANSIENT, provider=PROVIDER
             ) from None
-
-    @asynccontextmanager
-    async def _client(self) -> AsyncIterator[httpx.AsyncClient]:
-        if self._http is not None:
-            yield self._http
-        else:
-            async with httpx.AsyncClient(verify=_tls()) as client:
-                yield client
 
     # -- errors ------------------------------------------------------------------------------
 
@@ -582,13 +573,6 @@ def _describe(exc: httpx.RequestError, where: str) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return f"timed out talking to {where} ({type(exc).__name__})"
     return f"connection to {where} failed ({type(exc).__name__})"
-
-
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """One TLS context for the process: building one (loading the CA bundle) costs more than
-    the rest of a per-call client, and a context is safe to share."""
-    return httpx.create_ssl_context()
 
 
 def _display_url(url: str) -> str:
