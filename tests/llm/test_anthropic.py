@@ -44,7 +44,7 @@ from runtime.llm import (
     UsageUpdate,
     assemble,
 )
-from runtime.llm.providers.anthropic import THINKING_BUDGETS, AnthropicModel
+from runtime.llm.providers.anthropic import THINKING_BUDGETS, AnthropicModel, thinking_style
 
 from .fake_anthropic import (
     Body,
@@ -230,32 +230,83 @@ async def test_an_unsupported_image_is_refused_before_anything_is_sent(
     assert fake.requests == []
 
 
-@pytest.mark.parametrize(("sampling", "sent"), [
-    (Sampling(temperature=0.0, seed=7), {"temperature": 0.0}),
-    (Sampling(temperature=0.7, top_p=0.9), {"temperature": 0.7, "top_p": 0.9}),
-    (Sampling(temperature=1.8, top_p=1.0), {"temperature": 1.0}),
-    (Sampling(temperature=-3.0, top_p=float("nan")), {"temperature": 0.0}),
+@pytest.mark.parametrize("sampling", [
+    Sampling(temperature=0.0, seed=7),
+    Sampling(temperature=0.7, top_p=0.9),
+    Sampling(temperature=1.8, top_p=1.0),
 ])
-async def test_sampling_is_normalised_into_anthropics_ranges(
-        fake: FakeAnthropic, sampling: Sampling, sent: dict[str, float]) -> None:
-    fake.script(reply("ok"))
+async def test_sampling_is_not_sent_to_anthropic(fake: FakeAnthropic, sampling: Sampling) -> None:
+    """The Messages API (as the SDK types it) has no sampling knobs: the body is the one
+    without sampling, byte for byte, and the fake accepts it against the SDK params."""
+    fake.script(reply("ok"), reply("ok"))
     async with connect(fake.url) as model:
         await model.generate(ask(sampling=sampling))
-    body = fake.requests[0].body
-    assert {k: body[k] for k in ("temperature", "top_p", "seed") if k in body} == sent
+        await model.generate(ask())
+    assert fake.requests[0].raw == fake.requests[1].raw
+    assert not {"temperature", "top_p", "top_k", "seed"} & set(fake.requests[0].body)
 
 
 @pytest.mark.parametrize("effort", ["low", "medium", "high"])
-async def test_reasoning_effort_buys_a_thinking_budget_on_top_of_the_answer(
-        fake: FakeAnthropic, effort: Any) -> None:
+@pytest.mark.parametrize("model_id", ["claude-sonnet-4-5", "claude-opus-4-1-20250805",
+                                      "claude-3-7-sonnet-latest"])
+async def test_reasoning_effort_on_older_models_buys_a_thinking_budget(
+        fake: FakeAnthropic, effort: Any, model_id: str) -> None:
     fake.script(reply("ok"))
-    async with connect(fake.url) as model:
+    async with AnthropicModel(model_id, api_key=KEY, base_url=fake.url) as model:
         await model.generate(ask(reasoning_effort=effort, sampling=Sampling(temperature=0.2)))
     body = fake.requests[0].body
     budget = THINKING_BUDGETS[effort]
     assert body["thinking"] == {"type": "enabled", "budget_tokens": budget}
-    assert body["max_tokens"] == 256 + budget
-    assert "temperature" not in body  # extended thinking requires the default temperature
+    assert body["max_tokens"] == 256 + budget  # the budget on top of the answer
+    assert "output_config" not in body and "temperature" not in body
+
+
+@pytest.mark.parametrize("effort", ["low", "medium", "high"])
+@pytest.mark.parametrize("model_id", ["claude-opus-4-7", "claude-sonnet-4-6", "claude-opus-5"])
+async def test_reasoning_effort_on_current_models_is_adaptive_thinking_at_that_effort(
+        fake: FakeAnthropic, effort: Any, model_id: str) -> None:
+    fake.script(reply("ok"))
+    async with AnthropicModel(model_id, api_key=KEY, base_url=fake.url) as model:
+        await model.generate(ask(reasoning_effort=effort))
+    raw, body = fake.requests[0].raw, fake.requests[0].body
+    assert body["thinking"] == {"type": "adaptive"}
+    assert body["output_config"] == {"effort": effort}
+    assert body["max_tokens"] == 256 + THINKING_BUDGETS[effort]  # headroom for the thinking
+    assert raw.endswith(b'"thinking":{"type":"adaptive"},"output_config":{"effort":"'
+                        + effort.encode() + b'"}}')
+
+
+async def test_no_reasoning_effort_sends_no_thinking(fake: FakeAnthropic) -> None:
+    fake.script(reply("ok"), reply("ok"))
+    for model_id in ("claude-sonnet-4-5", "claude-opus-4-7"):
+        async with AnthropicModel(model_id, api_key=KEY, base_url=fake.url) as model:
+            await model.generate(ask())
+    for rec in fake.requests:
+        assert not {"thinking", "output_config"} & set(rec.body)
+        assert rec.body["max_tokens"] == 256
+
+
+@pytest.mark.parametrize(("model_id", "style"), [
+    ("claude-sonnet-4-5", "budget"), ("claude-sonnet-4-5-20250929", "budget"),
+    ("claude-haiku-4-5", "budget"), ("claude-opus-4-5@20251101", "budget"),
+    ("claude-opus-4-1", "budget"), ("claude-sonnet-4-0", "budget"),
+    ("claude-sonnet-4-20250514", "budget"), ("claude-opus-4", "budget"),
+    ("claude-3-7-sonnet-20250219", "budget"),
+    ("claude-sonnet-4-6", "adaptive"), ("claude-opus-4-6", "adaptive"),
+    ("claude-opus-4-7", "adaptive"), ("claude-opus-4-50", "adaptive"),
+    ("claude-sonnet-5-5", "adaptive"), ("claude-haiku-5-5", "adaptive"),
+    ("my-gateway-alias", "adaptive"),
+])
+def test_thinking_style_by_model(model_id: str, style: str) -> None:
+    assert thinking_style(model_id) == style
+
+
+async def test_the_thinking_style_can_be_set(fake: FakeAnthropic) -> None:
+    fake.script(reply("ok"))
+    async with AnthropicModel("corp-claude", api_key=KEY, base_url=fake.url,
+                              thinking="budget") as model:
+        await model.generate(ask(reasoning_effort="medium"))
+    assert fake.requests[0].body["thinking"] == {"type": "enabled", "budget_tokens": 4096}
 
 
 # -- cache markers -----------------------------------------------------------------------
@@ -794,10 +845,16 @@ def test_the_requests_the_adapter_sends_match_the_sdk_params() -> None:
                       OpaqueBlock(provider="anthropic", raw=REDACTED), use)),
                   Message(role=Role.USER, blocks=(
                       ToolResult(tool_use_id="toolu_1", content="x", is_error=True),))))
-    model = AnthropicModel(MODEL, api_key=KEY, base_url="https://gw.example")
-    for stream in (False, True):
-        check_request(json.loads(model.encode(request, stream=stream)))
+    for model_id in (MODEL, "claude-opus-4-7"):  # budget thinking, adaptive thinking
+        model = AnthropicModel(model_id, api_key=KEY, base_url="https://gw.example")
+        for stream in (False, True):
+            check_request(json.loads(model.encode(request, stream=stream)))
     body = json.loads(model.encode(request, stream=False))
     body["messages"][0]["content"][0]["cache"] = True
     with pytest.raises(WireDrift):
         check_request(body)
+    for drift in ({"temperature": 0.5}, {"top_p": 0.9},  # not in the SDK's params any more
+                  {"output_config": {"effort": "extreme"}},
+                  {"thinking": {"type": "adaptive", "budget_tokens": 1024}}):
+        with pytest.raises(WireDrift):
+            check_request({**json.loads(model.encode(request, stream=False)), **drift})

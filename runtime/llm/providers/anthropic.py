@@ -5,9 +5,9 @@ Wire mapping, in brief:
 - The request body is built as text with a fixed key order and compact separators, so the
   same conversation always encodes to the same bytes and a prompt cache sees a byte-identical
   prefix across turns. Order: ``model``, ``tools``, ``system``, ``messages``, then the knobs
-  that may vary per call (``max_tokens``, ``thinking``, ``temperature``, ``top_p``,
-  ``stream``). Message content is always a list of blocks, never the string shorthand, so a
-  message does not change shape when a cache marker lands on it.
+  that may vary per call (``max_tokens``, ``thinking``, ``output_config``, ``stream``).
+  Message content is always a list of blocks, never the string shorthand, so a message does
+  not change shape when a cache marker lands on it.
 - ``thinking`` / ``redacted_thinking`` (and any other block type we do not model) come back
   as ``OpaqueBlock(provider="anthropic", raw=<the block as compact JSON>)`` and are spliced
   back into the request text byte for byte. Opaque blocks of other providers are dropped.
@@ -16,12 +16,22 @@ Wire mapping, in brief:
   (thinking blocks cannot carry a marker and are replayed untouched).
 - ``Usage`` is normalised: ``input_tokens`` = Anthropic ``input_tokens`` +
   ``cache_read_input_tokens``; ``cache_write_tokens`` = ``cache_creation_input_tokens``.
-- ``reasoning_effort`` enables extended thinking with a budget of 1024 / 4096 / 16384 tokens
-  (low / medium / high). The budget is added on top of ``max_tokens``, which keeps bounding
-  the visible answer. With thinking on, ``Sampling`` is not sent: Anthropic requires the
-  default temperature for extended thinking.
-- ``Sampling`` sends ``temperature`` (clamped to Anthropic's [0, 1]) and ``top_p`` when it
-  is strictly between 0 and 1; ``seed`` has no Anthropic counterpart and is ignored.
+- ``reasoning_effort`` turns thinking on in whichever of the API's two forms the model takes
+  (``thinking_style(model)``). ``"adaptive"``, the current form, sends ``thinking:
+  {"type": "adaptive"}`` and ``output_config: {"effort": "low" | "medium" | "high"}``: the
+  model decides how much to think. ``"budget"``, for the models from before adaptive thinking
+  (Claude 3.7 and the 4.0 to 4.5 families), sends ``thinking: {"type": "enabled",
+  "budget_tokens": 1024 | 4096 | 16384}``. Thinking tokens count toward ``max_tokens`` in
+  both forms, so that amount is added to ``max_tokens`` as headroom and the request's own
+  ``max_tokens`` keeps bounding the visible answer. The constructor's ``thinking=`` overrides
+  the style for a model id the rule does not know (a gateway's alias, say).
+- ``Sampling`` is not sent. The Messages API as the official SDK (2.x) types it has no
+  sampling parameters any more; current models reject ``temperature`` / ``top_p`` with a
+  400, the 4.5 generation rejects the two together, and a hosted model cannot pin its
+  decoding anyway, which is what ``Sampling`` is for (reproducible runs on weights you hold:
+  the OpenAI adapter sends it, and so do local OpenAI-compatible servers behind it). So every
+  body this adapter builds is one the SDK's own ``MessageCreateParams`` accept, and the
+  tests' fake validates it against exactly those, with no hand-written exception.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -66,11 +76,18 @@ from ..types import (
 from ._http import ClientSlot, PooledClient, tls_context
 from ._sse import SSEEvent, iter_sse
 
-__all__ = ["DEFAULT_BASE_URL", "THINKING_BUDGETS", "AnthropicModel"]
+__all__ = ["DEFAULT_BASE_URL", "THINKING_BUDGETS", "AnthropicModel", "thinking_style"]
 
 PROVIDER = "anthropic"
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
+"""Thinking tokens per ``reasoning_effort``: the budget of ``"budget"`` thinking, and the
+headroom added to ``max_tokens`` in either style."""
+
+ThinkingStyle = Literal["adaptive", "budget"]
+# The models that predate adaptive thinking and take only a token budget: Claude 3.x, and
+# the opus / sonnet / haiku 4.0 to 4.5 families (dated snapshots and "claude-sonnet-4" too).
+_BUDGET_ONLY = re.compile(r"^claude-(3|(opus|sonnet|haiku)-4(-[0-5](\b|-)|-\d{8}|@|$))")
 
 _CACHE_MARKER = '"cache_control":{"type":"ephemeral"}'
 _STOP_REASONS = {
@@ -124,6 +141,7 @@ class AnthropicModel(PooledClient):
         timeout: float = 600,
         http_client: httpx.AsyncClient | None = None,
         anthropic_version: str = "2023-06-01",
+        thinking: ThinkingStyle | None = None,
     ) -> None:
         key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         if not key:
@@ -139,6 +157,7 @@ class AnthropicModel(PooledClient):
                 "the base URL must be https, or http to a loopback host"
             )
         self._model = model
+        self._thinking: ThinkingStyle = thinking or thinking_style(model)
         self._key = key
         self._url = url + "/v1/messages"
         self._headers = {
@@ -181,7 +200,8 @@ class AnthropicModel(PooledClient):
     def encode(self, request: Request, *, stream: bool) -> bytes:
         """The exact request body sent for ``request`` (deterministic)."""
         return encode_request(
-            request, model=self._model, max_tokens=self._max_tokens, stream=stream
+            request, model=self._model, max_tokens=self._max_tokens, stream=stream,
+            thinking=self._thinking,
         )
 
     # -- one HTTP attempt --------------------------------------------------------------
@@ -290,8 +310,22 @@ def _error_fields(body: bytes | Any) -> tuple[str, str]:
 # -- encoding ----------------------------------------------------------------------------
 
 
-def encode_request(request: Request, *, model: str, max_tokens: int, stream: bool) -> bytes:
-    """The Messages API body for ``request``, as deterministic bytes (see module doc)."""
+def thinking_style(model: str) -> ThinkingStyle:
+    """How ``model`` takes thinking: ``"budget"`` for the models before adaptive thinking,
+    ``"adaptive"`` for every other (current and later) model."""
+    return "budget" if _BUDGET_ONLY.match(model.strip().lower()) else "adaptive"
+
+
+def encode_request(
+    request: Request,
+    *,
+    model: str,
+    max_tokens: int,
+    stream: bool,
+    thinking: ThinkingStyle | None = None,
+) -> bytes:
+    """The Messages API body for ``request``, as deterministic bytes (see module doc).
+    ``thinking`` defaults to ``thinking_style(model)``."""
     hint = request.cache
     parts = [f'"model":{_json(model)}']
     if request.tools:
@@ -309,17 +343,18 @@ def encode_request(request: Request, *, model: str, max_tokens: int, stream: boo
     messages = [m for m in request.messages if m.role is not Role.SYSTEM]
     parts.append(f'"messages":{_encode_messages(messages, hint.stable_messages)}')
     answer = request.max_tokens or max_tokens
-    if request.reasoning_effort:
-        budget = THINKING_BUDGETS[request.reasoning_effort]
-        parts.append(f'"max_tokens":{answer + budget}')
-        parts.append(f'"thinking":{_json({"type": "enabled", "budget_tokens": budget})}')
-    else:
+    effort = request.reasoning_effort
+    if effort is None:
         parts.append(f'"max_tokens":{answer}')
-        if request.sampling is not None:
-            s = request.sampling.normalized()
-            parts.append(f'"temperature":{_json(min(s.temperature, 1.0))}')
-            if 0.0 < s.top_p < 1.0:
-                parts.append(f'"top_p":{_json(s.top_p)}')
+    else:
+        budget = THINKING_BUDGETS[effort]
+        parts.append(f'"max_tokens":{answer + budget}')
+        if (thinking or thinking_style(model)) == "budget":
+            parts.append(f'"thinking":{_json({"type": "enabled", "budget_tokens": budget})}')
+        else:
+            parts.append('"thinking":{"type":"adaptive"}')
+            parts.append(f'"output_config":{_json({"effort": effort})}')
+    # request.sampling is deliberately not sent (module doc)
     if stream:
         parts.append('"stream":true')
     return ("{" + ",".join(parts) + "}").encode()
