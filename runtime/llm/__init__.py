@@ -2,8 +2,19 @@
 
 It knows nothing of cells. Backends (``providers/``) adapt the vocabulary in ``types`` to a
 vendor's wire format; ``ScriptedModel`` is the deterministic backend for tests.
+
+Importing the package stays cheap: the two adapters (and httpx with them) load on first use
+of ``AnthropicModel`` / ``OpenAIModel`` (or of ``resolve_model``), so a caller that only needs
+the vocabulary or the scripted model never pays for them.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .catalog import ModelInfo, aliases, by_alias, lookup, small_model
+from .config import DEFAULT_MODEL_VAR, Settings
 from .errors import ConfigurationError, Fault, LLMError, retry_class
 from .events import (
     Assembler,
@@ -18,8 +29,16 @@ from .events import (
     assemble,
 )
 from .model import Model
+from .resolve import ModelSettings, model_settings, parse_model_name, resolve_model
 from .retry import NO_RETRY, RetryPolicy, parse_retry_after, retry_call, retry_stream
-from .safety import safe_base_url, supported_image_media_type
+from .retrying import RetryingModel, with_retry
+from .safety import (
+    is_loopback_host,
+    is_loopback_url,
+    safe_base_url,
+    supported_image_media_type,
+)
+from .scripted import Delayed, Pause, Reply, ScriptedModel, delayed
 from .types import (
     Block,
     CacheHint,
@@ -38,24 +57,59 @@ from .types import (
     Usage,
 )
 
+if TYPE_CHECKING:  # what type checkers see; at run time ``__getattr__`` loads them
+    from .providers.anthropic import AnthropicModel
+    from .providers.openai import OpenAIModel
+
+_LAZY = {
+    "AnthropicModel": ".providers.anthropic",
+    "OpenAIModel": ".providers.openai",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The adapters, imported on first access (``from runtime.llm import OpenAIModel``)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 __all__ = [
+    "DEFAULT_MODEL_VAR",
     "NO_RETRY",
+    "AnthropicModel",
     "Assembler",
     "Block",
     "CacheHint",
     "ConfigurationError",
+    "Delayed",
     "Fault",
     "ImageBlock",
     "LLMError",
     "Message",
     "Model",
+    "ModelInfo",
+    "ModelSettings",
     "OpaqueBlock",
     "OpaqueDone",
+    "OpenAIModel",
+    "Pause",
+    "Reply",
     "Request",
     "Response",
     "RetryPolicy",
+    "RetryingModel",
     "Role",
     "Sampling",
+    "ScriptedModel",
+    "Settings",
     "Stop",
     "StopReason",
     "StreamEvent",
@@ -69,11 +123,22 @@ __all__ = [
     "ToolUse",
     "Usage",
     "UsageUpdate",
+    "aliases",
     "assemble",
+    "by_alias",
+    "delayed",
+    "is_loopback_host",
+    "is_loopback_url",
+    "lookup",
+    "model_settings",
+    "parse_model_name",
     "parse_retry_after",
+    "resolve_model",
     "retry_call",
     "retry_class",
     "retry_stream",
     "safe_base_url",
+    "small_model",
     "supported_image_media_type",
+    "with_retry",
 ]
