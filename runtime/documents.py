@@ -259,7 +259,9 @@ class Transaction:
                 try:
                     validate(root, doc.schema, doc.describe())
                 except SchemaError as e:
-                    written = [pointer(p) or "/" for k, p, _, _ in self.changes if k == key]
+                    written = dict.fromkeys(
+                        pointer(p) or "/" for k, p, _, _ in self.changes if k == key
+                    )
                     e.args = (f"{e.args[0]}; nothing was committed (wrote {', '.join(written)})",)
                     raise
         versions = docs.store.commit(
