@@ -691,3 +691,12 @@ async def test_a_failing_computation_raises_to_its_reader_not_to_run():
             inst.result.key("ratio").get()
         inst.result.key("d").set(5)
         assert inst.result.key("ratio").get() == 2
+
+
+async def test_a_schema_error_lists_each_written_path_once():
+    async with Runtime() as rt:
+        inst = rt.run(people)
+        with pytest.raises(SchemaError) as info:
+            await inst.send("edit", {"tag": "t", "ops": [[["age"], 1], [["age"], 2],
+                                                         [["name"], "B"], [["age"], -1]]})
+    assert str(info.value).endswith("nothing was committed (wrote /age, /name)")
