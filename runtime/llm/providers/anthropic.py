@@ -41,9 +41,7 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing, asynccontextmanager
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -58,7 +56,7 @@ from ..events import (
     ToolCallStart,
     UsageUpdate,
 )
-from ..retry import RetryPolicy, parse_retry_after, retry_call, retry_stream
+from ..retry import RetryPolicy, parse_retry_after
 from ..safety import safe_base_url, supported_image_media_type
 from ..types import (
     ImageBlock,
@@ -73,7 +71,7 @@ from ..types import (
     ToolUse,
     Usage,
 )
-from ._http import ClientSlot, PooledClient, tls_context
+from ._http import HTTPModel, compact_json, display_url, is_json_object
 from ._sse import SSEEvent, iter_sse
 
 __all__ = ["DEFAULT_BASE_URL", "THINKING_BUDGETS", "AnthropicModel", "thinking_style"]
@@ -116,19 +114,17 @@ _ERROR_STATUS = {
 _QUOTA_WORDS = re.compile(r"credit balance|billing|quota|spend(ing)? limit|usage limit", re.I)
 
 
-def _json(value: Any) -> str:
-    """Compact, order-preserving JSON: the one encoding used for every byte we send."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-class AnthropicModel(PooledClient):
+class AnthropicModel(HTTPModel):
     """A ``Model`` backed by Anthropic's Messages API.
 
     Safe for concurrent use. Without ``http_client`` it owns one pooled client, created on
     first use and released by ``aclose()`` (or ``async with``); it belongs to the event loop
     that created it, and a call from another loop gets a fresh one (``providers/_http.py``).
-    A given ``httpx.AsyncClient`` is used as is and left open.
+    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` is in seconds
+    for each request (connecting: at most 10).
     """
+
+    PROVIDER = PROVIDER
 
     def __init__(
         self,
@@ -150,52 +146,26 @@ class AnthropicModel(PooledClient):
             )
         url = (base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         if not safe_base_url(url):
-            parts = urlsplit(url)  # never echo userinfo or a query: they may hold secrets
-            shown = f"{parts.scheme}://{parts.hostname or ''}"
             raise ConfigurationError(
-                f"refusing to send the Anthropic API key to {shown}: "
+                f"refusing to send the Anthropic API key to {display_url(url)}: "
                 "the base URL must be https, or http to a loopback host"
             )
-        self._model = model
+        super().__init__(model=model, base_url=url, endpoint="/v1/messages", key=key,
+                         retry=retry, timeout=timeout, http_client=http_client)
         self._thinking: ThinkingStyle = thinking or thinking_style(model)
-        self._key = key
-        self._url = url + "/v1/messages"
         self._headers = {
             "x-api-key": key,
             "anthropic-version": anthropic_version,
             "content-type": "application/json",
         }
         self._max_tokens = max_tokens
-        self._retry = retry or RetryPolicy()
-        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
-        self._http = ClientSlot(http_client, lambda: httpx.AsyncClient(verify=tls_context()))
-
-    @property
-    def name(self) -> str:
-        return self._model
-
-    @property
-    def provider(self) -> str:
-        return PROVIDER
 
     @property
     def base_url(self) -> str:
-        return self._url.removesuffix("/v1/messages")
+        return self._base_url
 
     def __repr__(self) -> str:
-        return f"AnthropicModel(model={self._model!r}, base_url={self.base_url!r})"
-
-    # -- the port ----------------------------------------------------------------------
-
-    async def generate(self, request: Request) -> Response:
-        body = self.encode(request, stream=False)
-        return await retry_call(lambda: self._generate_once(body), self._retry)
-
-    async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
-        body = self.encode(request, stream=True)
-        async with aclosing(retry_stream(lambda: self._stream_once(body), self._retry)) as events:
-            async for event in events:
-                yield event
+        return f"AnthropicModel(model={self._model!r}, base_url={self._where!r})"
 
     def encode(self, request: Request, *, stream: bool) -> bytes:
         """The exact request body sent for ``request`` (deterministic)."""
@@ -206,24 +176,8 @@ class AnthropicModel(PooledClient):
 
     # -- one HTTP attempt --------------------------------------------------------------
 
-    @asynccontextmanager
-    async def _post(self, body: bytes) -> AsyncIterator[httpx.Response]:
-        """POST ``body``; yields a 200 response. ``async with client.stream`` closes the
-        connection on any exit, so a cancelled caller never leaves a request running."""
-        client = self._http.get()
-        try:
-            async with client.stream(
-                "POST", self._url, content=body, headers=self._headers, timeout=self._timeout
-            ) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    raise self._status_error(response)
-                yield response
-        except httpx.HTTPError as e:
-            raise self._transport_error(e) from None
-
     async def _generate_once(self, body: bytes) -> Response:
-        async with self._post(body) as response:
+        async with self._post(body, self._headers) as response:
             content = await response.aread()
         try:
             data = json.loads(content)
@@ -237,7 +191,7 @@ class AnthropicModel(PooledClient):
             raise self._malformed(f"unexpected response shape ({type(e).__name__})") from None
 
     async def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
-        async with self._post(body) as response:
+        async with self._post(body, self._headers) as response:
             decoder = StreamDecoder()
             async for sse in iter_sse(response):
                 try:
@@ -254,14 +208,7 @@ class AnthropicModel(PooledClient):
                     return
         raise self._malformed("stream ended before message_stop")
 
-    # -- errors (messages built here: never from httpx, which may carry request data) --
-
-    def _error(self, message: str, fault: Fault, status: int | None = None,
-               retry_after: float | None = None) -> LLMError:
-        return LLMError(
-            message.replace(self._key, "[redacted]"),
-            fault=fault, provider=PROVIDER, status=status, retry_after=retry_after,
-        )
+    # -- errors ------------------------------------------------------------------------
 
     def _status_error(self, response: httpx.Response) -> LLMError:
         status = response.status_code
@@ -279,19 +226,6 @@ class AnthropicModel(PooledClient):
         quota = kind == "billing_error" or bool(_QUOTA_WORDS.search(message))
         fault = retry_class(_ERROR_STATUS.get(kind, 500), quota)
         return self._error(f"{kind or 'error'}: {message or 'error event in stream'}", fault)
-
-    def _transport_error(self, e: httpx.HTTPError) -> LLMError:
-        if isinstance(e, httpx.ConnectError):
-            parts = urlsplit(self._url)
-            what = f"could not connect to {parts.hostname}:{parts.port or parts.scheme}"
-        elif isinstance(e, httpx.TimeoutException):
-            what = "request timed out"
-        else:
-            what = "connection failed during the request"
-        return self._error(f"{what} ({type(e).__name__})", Fault.TRANSIENT)
-
-    def _malformed(self, what: str) -> LLMError:
-        return self._error(f"malformed response: {what}", Fault.TRANSIENT)
 
 
 def _error_fields(body: bytes | Any) -> tuple[str, str]:
@@ -327,18 +261,18 @@ def encode_request(
     """The Messages API body for ``request``, as deterministic bytes (see module doc).
     ``thinking`` defaults to ``thinking_style(model)``."""
     hint = request.cache
-    parts = [f'"model":{_json(model)}']
+    parts = [f'"model":{compact_json(model)}']
     if request.tools:
         tools = [
             {"name": t.name, **({"description": t.description} if t.description else {}),
              "input_schema": t.input_schema}
             for t in request.tools
         ]
-        parts.append(f'"tools":{_marked_list([_json(t) for t in tools], hint.prefix)}')
+        parts.append(f'"tools":{_marked_list([compact_json(t) for t in tools], hint.prefix)}')
     system = [request.system] if request.system else []
     system += [m.text_content() for m in request.messages if m.role is Role.SYSTEM]
     if system:
-        blocks = [_json({"type": "text", "text": s}) for s in system]
+        blocks = [compact_json({"type": "text", "text": s}) for s in system]
         parts.append(f'"system":{_marked_list(blocks, hint.prefix)}')
     messages = [m for m in request.messages if m.role is not Role.SYSTEM]
     parts.append(f'"messages":{_encode_messages(messages, hint.stable_messages)}')
@@ -350,10 +284,10 @@ def encode_request(
         budget = THINKING_BUDGETS[effort]
         parts.append(f'"max_tokens":{answer + budget}')
         if (thinking or thinking_style(model)) == "budget":
-            parts.append(f'"thinking":{_json({"type": "enabled", "budget_tokens": budget})}')
+            parts.append(f'"thinking":{compact_json({"type": "enabled", "budget_tokens": budget})}')
         else:
             parts.append('"thinking":{"type":"adaptive"}')
-            parts.append(f'"output_config":{_json({"effort": effort})}')
+            parts.append(f'"output_config":{compact_json({"effort": effort})}')
     # request.sampling is deliberately not sent (module doc)
     if stream:
         parts.append('"stream":true')
@@ -381,7 +315,7 @@ def _encode_messages(messages: Sequence[Message], stable: int) -> str:
     out = []
     for i, message in enumerate(messages):
         content = ",".join(b for b in encoded[i] if b is not None)
-        out.append(f'{{"role":{_json(message.role.value)},"content":[{content}]}}')
+        out.append(f'{{"role":{compact_json(message.role.value)},"content":[{content}]}}')
     return "[" + ",".join(out) + "]"
 
 
@@ -403,15 +337,15 @@ def _encode_block(block: Any) -> str | None:
     match block:
         case TextBlock(text=text):
             # The API rejects empty text blocks; an empty one carries nothing anyway.
-            return _json({"type": "text", "text": text}) if text else None
+            return compact_json({"type": "text", "text": text}) if text else None
         case ToolUse(id=id_, name=name, input=args):
-            return _json({"type": "tool_use", "id": id_, "name": name, "input": args})
+            return compact_json({"type": "tool_use", "id": id_, "name": name, "input": args})
         case ToolResult(tool_use_id=id_, content=content, is_error=is_error):
             result: dict[str, Any] = {"type": "tool_result", "tool_use_id": id_,
                                       "content": content}
             if is_error:
                 result["is_error"] = True
-            return _json(result)
+            return compact_json(result)
         case ImageBlock(media_type=media_type, data=data):
             if not supported_image_media_type(media_type):
                 raise LLMError(
@@ -421,15 +355,11 @@ def _encode_block(block: Any) -> str | None:
                 )
             source = {"type": "base64", "media_type": media_type.strip().lower(),
                       "data": base64.b64encode(data).decode()}
-            return _json({"type": "image", "source": source})
+            return compact_json({"type": "image", "source": source})
         case OpaqueBlock(provider=provider, raw=raw):
             if provider != PROVIDER:
                 return None
-            try:
-                ok = isinstance(json.loads(raw), dict)
-            except ValueError:
-                ok = False
-            if not ok:
+            if not is_json_object(raw):
                 raise LLMError("opaque Anthropic block is not a JSON object",
                                fault=Fault.TERMINAL, provider=PROVIDER)
             return raw  # verbatim: a thinking signature covers these exact contents
@@ -440,7 +370,7 @@ def _encode_block(block: Any) -> str | None:
 
 
 def _opaque(block: dict[str, Any]) -> OpaqueBlock:
-    return OpaqueBlock(provider=PROVIDER, raw=_json(block))
+    return OpaqueBlock(provider=PROVIDER, raw=compact_json(block))
 
 
 def _stop_reason(value: str | None) -> StopReason:

@@ -31,10 +31,8 @@ import json
 import os
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -48,7 +46,7 @@ from ..events import (
     ToolCallStart,
     UsageUpdate,
 )
-from ..retry import RetryPolicy, parse_retry_after, retry_call, retry_stream
+from ..retry import RetryPolicy, parse_retry_after
 from ..safety import is_loopback_url, safe_base_url, supported_image_media_type
 from ..types import (
     ImageBlock,
@@ -63,7 +61,7 @@ from ..types import (
     ToolUse,
     Usage,
 )
-from ._http import ClientSlot, PooledClient, tls_context
+from ._http import HTTPModel, compact_json, display_url, is_json_object, malformed
 from ._sse import iter_sse
 
 __all__ = ["DEFAULT_BASE_URL", "PROVIDER", "OpenAIModel"]
@@ -92,7 +90,7 @@ _SHAPE_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)
 _CONTENT, _REFUSAL, _FIRST_CALL = 0, 1, 2
 
 
-class OpenAIModel(PooledClient):
+class OpenAIModel(HTTPModel):
     """A ``Model`` over the Chat Completions API.
 
     The key comes from ``api_key`` or ``OPENAI_API_KEY``, the base URL from ``base_url``,
@@ -103,9 +101,11 @@ class OpenAIModel(PooledClient):
     Safe for concurrent use. Without ``http_client`` it owns one pooled client, created on
     first use and released by ``aclose()`` (or ``async with``); it belongs to the event loop
     that created it, and a call from another loop gets a fresh one (``providers/_http.py``).
-    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` applies to each
-    request either way.
+    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` is in seconds for
+    each request (connecting: at most 10).
     """
+
+    PROVIDER = PROVIDER
 
     def __init__(
         self,
@@ -120,58 +120,40 @@ class OpenAIModel(PooledClient):
     ) -> None:
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         base = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-        self._where = _display_url(base)
         if not safe_base_url(base):
             raise ConfigurationError(
-                f"refusing OpenAI base URL {self._where}: an API key may only be sent over "
-                "https, or over http to a loopback host (127.0.0.1, ::1, localhost)"
+                f"refusing OpenAI base URL {display_url(base)}: an API key may only be sent "
+                "over https, or over http to a loopback host (127.0.0.1, ::1, localhost)"
             )
         self._local = is_loopback_url(base)
         if not key and not self._local:
             raise ConfigurationError(
-                f"no OpenAI API key for {self._where}: pass api_key or set OPENAI_API_KEY "
-                "(only a loopback server may go without one)"
+                f"no OpenAI API key for {display_url(base)}: pass api_key or set "
+                "OPENAI_API_KEY (only a loopback server may go without one)"
             )
-        self._key = key
-        self._model = model
-        self._url = f"{base}/chat/completions"
+        super().__init__(model=model, base_url=base, endpoint="/chat/completions", key=key,
+                         retry=retry, timeout=timeout, http_client=http_client)
         self._max_tokens = max_tokens
-        self._retry = retry if retry is not None else RetryPolicy()
-        self._timeout = httpx.Timeout(timeout)
-        self._http = ClientSlot(http_client, lambda: httpx.AsyncClient(verify=tls_context()))
-
-    @property
-    def name(self) -> str:
-        return self._model
-
-    @property
-    def provider(self) -> str:
-        return PROVIDER
+        auth = {"authorization": f"Bearer {key}"} if key else {}
+        self._json_headers = {"content-type": "application/json", "accept": "application/json",
+                              **auth}
+        self._sse_headers = {**self._json_headers, "accept": "text/event-stream"}
 
     def __repr__(self) -> str:
         key = "set" if self._key else "none"
         return f"OpenAIModel(model={self._model!r}, base_url={self._where!r}, api_key={key})"
 
-    async def generate(self, request: Request) -> Response:
-        body = self._encode(request, stream=False)
-        return await retry_call(lambda: self._generate_once(body), self._retry)
-
-    async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
-        body = self._encode(request, stream=True)
-        async with aclosing(retry_stream(lambda: self._stream_once(body), self._retry)) as events:
-            async for event in events:
-                yield event
-
-    # -- one HTTP exchange -------------------------------------------------------------------
-
-    def _encode(self, request: Request, *, stream: bool) -> bytes:
+    def encode(self, request: Request, *, stream: bool) -> bytes:
+        """The exact request body sent for ``request`` (deterministic)."""
         ceiling = "max_tokens" if self._local else "max_completion_tokens"
         return encode_request(
             self._model, request, stream=stream, ceiling=ceiling, max_tokens=self._max_tokens
         )
 
+    # -- one HTTP exchange -------------------------------------------------------------------
+
     async def _generate_once(self, body: bytes) -> Response:
-        async with self._exchange(body, accept="application/json") as response:
+        async with self._post(body, self._json_headers) as response:
             raw = await response.aread()
         try:
             return decode_completion(json.loads(raw))
@@ -181,7 +163,7 @@ class OpenAIModel(PooledClient):
             raise _malformed("the response body is not a chat completion") from None
 
     async def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
-        async with self._exchange(body, accept="text/event-stream") as response:
+        async with self._post(body, self._sse_headers) as response:
             decoder = ChunkDecoder()
             async for sse in iter_sse(response):
                 if sse.data.strip() == "[DONE]":
@@ -204,53 +186,26 @@ class OpenAIModel(PooledClient):
                     yield event
         raise LLMError("the stream ended before [DONE]", fault=Fault.TRANSIENT, provider=PROVIDER)
 
-    @asynccontextmanager
-    async def _exchange(self, body: bytes, accept: str) -> AsyncIterator[httpx.Response]:
-        """POST ``body``; yield a 2xx response, raise ``LLMError`` for anything else."""
-        headers = {"content-type": "application/json", "accept": accept}
-        if self._key:
-            headers["authorization"] = f"Bearer {self._key}"
-        client = self._http.get()
-        try:
-            async with client.stream(
-                "POST", self._url, content=body, headers=headers, timeout=self._timeout
-            ) as response:
-                if not response.is_success:
-                    await response.aread()
-                    raise self._http_error(response)
-                yield response
-        except httpx.RequestError as exc:
-            # Our own words: httpx's text and its request object are never passed on.
-            raise LLMError(
-                _describe(exc, self._where), fault=Fault.TRANSIENT, provider=PROVIDER
-            ) from None
-
     # -- errors ------------------------------------------------------------------------------
 
-    def _http_error(self, response: httpx.Response) -> LLMError:
+    def _status_error(self, response: httpx.Response) -> LLMError:
         status = response.status_code
         message, quota = _error_details(response.content)
-        return LLMError(
-            self._scrub(message) or f"HTTP {status} {response.reason_phrase}".strip(),
-            fault=retry_class(status, quota),
-            provider=PROVIDER,
-            status=status,
-            retry_after=_retry_after(response.headers),
+        return self._error(
+            message or f"HTTP {status} {response.reason_phrase}".strip(),
+            retry_class(status, quota),
+            status,
+            _retry_after(response.headers),
         )
 
     def _stream_error(self, error: Any) -> LLMError:
         message, quota = _error_fields(error)
         kind = error.get("type") if isinstance(error, dict) else None
         terminal = quota or kind in _TERMINAL_STREAM_ERRORS
-        return LLMError(
-            self._scrub(message) or "error event in the stream",
-            fault=Fault.TERMINAL if terminal else Fault.TRANSIENT,
-            provider=PROVIDER,
+        return self._error(
+            message or "error event in the stream",
+            Fault.TERMINAL if terminal else Fault.TRANSIENT,
         )
-
-    def _scrub(self, text: str) -> str:
-        """A server may echo what it received; make sure the key never leaves in our errors."""
-        return text.replace(self._key, "[redacted]") if self._key else text
 
 
 # -- encoding ---------------------------------------------------------------------------------
@@ -295,7 +250,7 @@ def encode_request(
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    text = compact_json(body)
     for i, raw in enumerate(splices):
         text = text.replace(json.dumps(f"{marker}{i}", ensure_ascii=False), raw, 1)
     return text.encode()
@@ -324,7 +279,7 @@ def _encode_message(message: Message, splices: list[str], marker: str) -> list[d
                 uri = f"data:{media_type.strip().lower()};base64,{base64.b64encode(data).decode()}"
                 parts.append({"type": "image_url", "image_url": {"url": uri}})
             case ToolUse(id=cid, name=name, input=args) if message.role is Role.ASSISTANT:
-                arguments = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+                arguments = compact_json(args)
                 calls.append(
                     {
                         "id": cid,
@@ -365,11 +320,7 @@ def _check_image(role: Role, media_type: str) -> None:
 
 
 def _check_opaque(raw: str) -> str:
-    try:
-        ok = isinstance(json.loads(raw), dict)
-    except ValueError:
-        ok = False
-    if not ok:
+    if not is_json_object(raw):
         raise _refused("an openai opaque block must be one JSON object (a content part)")
     return raw
 
@@ -527,7 +478,7 @@ def _usage(usage: dict[str, Any] | None) -> Usage:
 
 
 def _malformed(what: str) -> LLMError:
-    return LLMError(f"malformed response: {what}", fault=Fault.TRANSIENT, provider=PROVIDER)
+    return malformed(PROVIDER, what)
 
 
 # -- errors and URLs --------------------------------------------------------------------------
@@ -565,24 +516,3 @@ def _retry_after(headers: httpx.Headers) -> float | None:
         except ValueError:
             pass
     return parse_retry_after(headers.get("retry-after"))
-
-
-def _describe(exc: httpx.RequestError, where: str) -> str:
-    if isinstance(exc, httpx.ConnectError):
-        return f"could not connect to {where}"
-    if isinstance(exc, httpx.TimeoutException):
-        return f"timed out talking to {where} ({type(exc).__name__})"
-    return f"connection to {where} failed ({type(exc).__name__})"
-
-
-def _display_url(url: str) -> str:
-    """scheme://host[:port]/path: never userinfo or query, which may hold credentials."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        port = ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
