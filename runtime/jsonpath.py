@@ -114,14 +114,16 @@ def copy_json(value: Any) -> Any:
 
 
 JSON_SCALARS = (str, int, float, bool, type(None))
+_INF = float("inf")
 
 
 def check_json(value: Any, where: str = "value") -> Any:
     """Copy ``value`` as plain JSON (tuples become lists), or raise naming the bad part."""
     t = type(value)
     if t in JSON_SCALARS:
-        if t is float and value != value:
-            raise TypeError(f"{where} is NaN, which JSON cannot hold")
+        if t is float and (value != value or value in (_INF, -_INF)):
+            raise TypeError(f"{where} is {'NaN' if value != value else value}, which JSON "
+                            "cannot hold")
         return value
     if t is dict:
         out = {}
