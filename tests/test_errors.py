@@ -500,11 +500,13 @@ async def test_writing_to_a_computed_cell_from_a_handler_commits_nothing():
         ({1, 2}, ["is a set", "not JSON"]),
         (object(), ["is a object", "not JSON"]),
         (math.nan, ["NaN"]),
+        (math.inf, ["is inf", "JSON cannot hold"]),
+        ({"x": [-math.inf]}, ["/x/0 is -inf", "JSON cannot hold"]),
         ({"ok": [1, {"deep": b"bytes"}]}, ["/ok/1/deep", "bytes"]),
         ({1: "int key"}, ["non-string key 1"]),
         ({"when": __import__("datetime").date(2024, 1, 1)}, ["/when", "date"]),
     ],
-    ids=["set", "object", "nan", "nested-bytes", "int-key", "date"],
+    ids=["set", "object", "nan", "inf", "nested-minus-inf", "nested-bytes", "int-key", "date"],
 )
 async def test_non_json_values_are_refused_naming_the_part(value, words):
     async with Runtime() as rt:
