@@ -1,14 +1,13 @@
 """The contract suite's Anthropic backend: ``AnthropicModel`` against ``FakeAnthropic``.
 
 Byte-level questions (the cacheable prefix, replayed opaque blocks) are answered from the
-exact bytes received, located with a small JSON span scanner rather than by re-encoding.
+exact bytes received, located with ``jsonspans`` rather than by re-encoding.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +19,7 @@ from runtime.llm.providers.anthropic import AnthropicModel
 
 from .fake_anthropic import FakeAnthropic, FakeStep
 from .harness import CacheLayout
+from .jsonspans import items, members
 
 API_KEY = "sk-ant-fake-0123456789abcdef"
 MODEL = "claude-sonnet-4-5"
@@ -27,46 +27,6 @@ MODEL = "claude-sonnet-4-5"
 # markers), so it is not part of the bytes a prompt cache reuses.
 MESSAGE_MARKER = ',"cache_control":{"type":"ephemeral"}'
 _PORT_BLOCKS = {"text", "tool_use", "tool_result", "image"}
-
-_decoder = json.JSONDecoder()
-_ws = re.compile(r"[ \t\n\r]*")
-
-
-def _skip(s: str, i: int) -> int:
-    return _ws.match(s, i).end()  # type: ignore[union-attr]
-
-
-def object_spans(s: str, i: int) -> dict[str, tuple[int, int]]:
-    """``{key: (start, end)}`` of each member value of the JSON object at ``s[i]``."""
-    assert s[i] == "{", f"no object at {i}"
-    out: dict[str, tuple[int, int]] = {}
-    i = _skip(s, i + 1)
-    while s[i] != "}":
-        key, i = _decoder.raw_decode(s, i)
-        i = _skip(s, i)
-        assert s[i] == ":"
-        start = _skip(s, i + 1)
-        _, end = _decoder.raw_decode(s, start)
-        out[key] = (start, end)
-        i = _skip(s, end)
-        if s[i] == ",":
-            i = _skip(s, i + 1)
-    return out
-
-
-def array_spans(s: str, i: int) -> list[tuple[int, int]]:
-    """``(start, end)`` of each element of the JSON array at ``s[i]``."""
-    assert s[i] == "[", f"no array at {i}"
-    out: list[tuple[int, int]] = []
-    i = _skip(s, i + 1)
-    while s[i] != "]":
-        _, end = _decoder.raw_decode(s, i)
-        out.append((i, end))
-        i = _skip(s, end)
-        if s[i] == ",":
-            i = _skip(s, i + 1)
-    return out
-
 
 class AnthropicBackend:
     name = "anthropic"
@@ -110,8 +70,8 @@ class AnthropicBackend:
 
     def _messages(self, index: int) -> tuple[str, int, list[tuple[int, int]]]:
         s = self.sent_raw()[index].decode()
-        start, _ = object_spans(s, _skip(s, 0))["messages"]
-        return s, start, array_spans(s, start)
+        start, _ = members(s, 0)["messages"]
+        return s, start, items(s, start)
 
     def prefix_bytes(self, index: int, stable_messages: int) -> bytes:
         s, start, messages = self._messages(index)
@@ -122,8 +82,8 @@ class AnthropicBackend:
         s, _, messages = self._messages(index)
         out = []
         for m_start, _ in messages:
-            content_start, _ = object_spans(s, m_start)["content"]
-            for b_start, b_end in array_spans(s, content_start):
+            content_start, _ = members(s, m_start)["content"]
+            for b_start, b_end in items(s, content_start):
                 text = s[b_start:b_end]
                 if json.loads(text)["type"] not in _PORT_BLOCKS:
                     out.append(text)

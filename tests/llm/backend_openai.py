@@ -1,6 +1,6 @@
 """The OpenAI adapter against ``FakeOpenAI``, as a contract-suite ``Backend``.
 
-Request bytes are read by position (``json.JSONDecoder.raw_decode``), not re-serialised, so
+Request bytes are read by position (``jsonspans``), not re-serialised, so
 ``prefix_bytes`` and ``replayed_opaque`` report exactly what went over the wire.
 
 An OpenAI opaque block is one content part spliced verbatim, and it may well look like a part
@@ -22,45 +22,11 @@ from runtime.llm.providers.openai import OpenAIModel, encode_request
 
 from .fake_openai import FakeOpenAI
 from .harness import CacheLayout
+from .jsonspans import Span, items, members, skip
 from .steps import Step
 
 API_KEY = "sk-test-0penai-fake-key-9f8e7d6c5b4a"
 MODEL = "gpt-test"
-_DECODER = json.JSONDecoder()
-
-Span = tuple[int, int]
-
-
-def _skip(text: str, pos: int) -> int:
-    while text[pos] in " \t\r\n":
-        pos += 1
-    return pos
-
-
-def _members(text: str, pos: int) -> dict[str, Span]:
-    """Spans of the values of the JSON object starting at ``pos``."""
-    out: dict[str, Span] = {}
-    pos = _skip(text, pos) + 1  # "{"
-    while (pos := _skip(text, pos)) < len(text) and text[pos] != "}":
-        key, pos = _DECODER.raw_decode(text, pos)
-        pos = _skip(text, _skip(text, pos) + 1)  # ":"
-        _, end = _DECODER.raw_decode(text, pos)
-        out[key] = (pos, end)
-        pos = _skip(text, end)
-        pos += text[pos] == ","
-    return out
-
-
-def _items(text: str, pos: int) -> list[Span]:
-    """Spans of the items of the JSON array starting at ``pos``."""
-    out: list[Span] = []
-    pos = _skip(text, pos) + 1  # "["
-    while (pos := _skip(text, pos)) < len(text) and text[pos] != "]":
-        _, end = _DECODER.raw_decode(text, pos)
-        out.append((pos, end))
-        pos = _skip(text, end)
-        pos += text[pos] == ","
-    return out
 
 
 def _port_message_ends(text: str, messages: list[Span]) -> tuple[int | None, list[int]]:
@@ -143,7 +109,7 @@ class OpenAIBackend:
 
     def _text(self, index: int) -> tuple[str, dict[str, Span]]:
         text = self.fake.requests[index].raw.decode()
-        return text, _members(text, 0)
+        return text, members(text, 0)
 
     def cache_layout(self, index: int) -> CacheLayout:
         # OpenAI caches prefixes automatically: no markers, only the routing key.
@@ -156,8 +122,8 @@ class OpenAIBackend:
     def prefix_bytes(self, index: int, stable_messages: int) -> bytes:
         """Everything up to the end of the ``stable_messages``-th port message. The adapter
         puts ``model`` and ``tools`` before ``messages``, so this is a true byte prefix."""
-        text, members = self._text(index)
-        messages = _items(text, members["messages"][0])
+        text, fields = self._text(index)
+        messages = items(text, fields["messages"][0])
         system, ends = _port_message_ends(text, messages)
         if stable_messages > len(ends):
             raise IndexError(f"request {index} has only {len(ends)} messages")
@@ -166,16 +132,16 @@ class OpenAIBackend:
         elif system is not None:
             end = system
         else:
-            end = _skip(text, members["messages"][0]) + 1  # just past "["
+            end = skip(text, fields["messages"][0]) + 1  # just past "["
         return text[:end].encode()
 
     def _parts(self, index: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """(raw text, parsed) of every content part of every message in request ``index``."""
-        text, members = self._text(index)
-        for a, _ in _items(text, members["messages"][0]):
-            content = _members(text, a).get("content")
+        text, fields = self._text(index)
+        for a, _ in items(text, fields["messages"][0]):
+            content = members(text, a).get("content")
             if content and text[content[0]] == "[":
-                for p, q in _items(text, content[0]):
+                for p, q in items(text, content[0]):
                     yield text[p:q], json.loads(text[p:q])
 
     def replayed_opaque(self, index: int) -> list[str]:
