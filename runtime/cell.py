@@ -165,12 +165,21 @@ class Cell:
         """Call ``callback(value)`` now and after every commit that changes the value.
         Returns the unsubscribe function."""
         docs = self._docs
+        subscribing = True
 
         def run() -> None:
+            nonlocal subscribing
             try:
                 value = self.get(None)
             except PathError:
                 value = None
+            except Exception as e:  # the computation it observes failed
+                if subscribing:
+                    raise  # the caller of sink() hears of it
+                docs.report(e, f"sink on {self!r}")  # after a commit: the commit stands
+                return
+            finally:
+                subscribing = False
             with signals.untracked():
                 try:
                     callback(value)
