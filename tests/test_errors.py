@@ -702,3 +702,49 @@ async def test_a_schema_error_lists_each_written_path_once():
             await inst.send("edit", {"tag": "t", "ops": [[["age"], 1], [["age"], 2],
                                                          [["name"], "B"], [["age"], -1]]})
     assert str(info.value).endswith("nothing was committed (wrote /age, /name)")
+
+
+async def test_a_computation_failing_under_a_sink_is_reported_and_the_commit_stands():
+    @handler
+    def set_d(event, d, then):
+        d.set(event["d"])
+        then.send({"d": event["d"]})
+
+    @handler
+    def note(event, log):
+        log.push(event["d"])
+
+    @pattern
+    def p():
+        d = cell(1, name="d")
+        log = cell([], name="log")
+        then = note(log=log)
+        return {"d": d, "log": log, "ratio": lift(lambda v: 10 // v)(d),
+                "set": set_d(d=d, then=then)}
+
+    async with Runtime() as rt:
+        inst = rt.run(p)
+        seen: list[Any] = []
+        inst.result.key("ratio").sink(seen.append)
+        records: list[Any] = []
+        rt.on_commit(records.append)
+        await inst.send("set", {"d": 0})  # the handler did nothing wrong: no error
+        assert inst.result.key("d").get() == 0
+        assert inst.result.key("log").get() == [0]  # what it sent ran
+        assert len(records) == 2  # its commit and the note's were both announced
+        ((where, err),) = rt.errors
+        assert isinstance(err, ZeroDivisionError) and "sink on" in where and "ratio" in where
+        await inst.send("set", {"d": 5})
+        assert seen == [10, 2]  # the sink carries on once the value is computable again
+
+
+async def test_subscribing_to_a_failing_computation_raises_to_the_subscriber():
+    @pattern
+    def p():
+        d = cell(0, name="d")
+        return {"d": d, "ratio": lift(lambda v: 10 // v)(d)}
+
+    async with Runtime() as rt:
+        inst = rt.run(p)
+        with pytest.raises(ZeroDivisionError):
+            inst.result.key("ratio").sink(lambda v: None)
