@@ -37,6 +37,7 @@ from anthropic.types.message_create_params import (
 from runtime.llm.types import OpaqueBlock, Response, StopReason, TextBlock, ToolUse
 
 from .loopback import Exchange, LoopbackServer, Recorded
+from .sdk_check import WireDrift, drain, no_extras, pieces
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent, Step
 
 # -- fake-only steps (beyond the shared ones in steps.py) ---------------------------------
@@ -102,26 +103,6 @@ _PARAMS = {
 }
 
 
-class WireDrift(AssertionError):
-    """Something on the wire does not match the official SDK's types."""
-
-
-def _no_extras(value: Any, path: str = "$") -> None:
-    """The SDK models allow unknown fields (``extra="allow"``); strict validation alone would
-    let a misspelt or invented field through, so refuse any."""
-    if isinstance(value, pydantic.BaseModel):
-        if extra := value.__pydantic_extra__:
-            raise WireDrift(f"{path}: fields unknown to the SDK: {sorted(extra)}")
-        for name in type(value).model_fields:
-            _no_extras(getattr(value, name), f"{path}.{name}")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _no_extras(item, f"{path}[{i}]")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _no_extras(item, f"{path}.{key}")
-
-
 def _strict(adapter: pydantic.TypeAdapter[Any], value: Any, what: str) -> Any:
     """Validate in pydantic strict mode (no coercion: a "1" is not an int, an unknown
     literal is an error) and refuse unknown fields."""
@@ -129,7 +110,7 @@ def _strict(adapter: pydantic.TypeAdapter[Any], value: Any, what: str) -> Any:
         parsed = adapter.validate_python(value, strict=True)
     except pydantic.ValidationError as e:
         raise WireDrift(f"{what} does not match the SDK: {e}") from None
-    _no_extras(parsed, what)
+    no_extras(parsed, what)
     return parsed
 
 
@@ -155,20 +136,11 @@ def check_event(name: str, data: dict[str, Any]) -> None:
         _strict(_EVENT, data, f"{name} event")
 
 
-def _materialise(value: Any) -> Any:
-    """Params validate ``Iterable`` fields lazily; drain them so every element is checked."""
-    if isinstance(value, dict):
-        return {k: _materialise(v) for k, v in value.items()}
-    if isinstance(value, list | tuple) or type(value).__name__ == "ValidatorIterator":
-        return [_materialise(v) for v in value]
-    return value
-
-
 def _same_param(adapter: pydantic.TypeAdapter[Any], value: Any, what: str) -> None:
     """Strict-validate a request part against an SDK ``TypedDict`` param. Those ignore
     unknown keys, so the validated value must also equal the input."""
     try:
-        parsed = _materialise(adapter.validate_python(value, strict=True))
+        parsed = drain(adapter.validate_python(value, strict=True))
     except pydantic.ValidationError as e:
         raise WireDrift(f"{what} does not match the SDK params: {e}") from None
     if parsed != value:
@@ -234,10 +206,6 @@ def message_body(response: Response, *, model: str, msg_id: str = "msg_fake") ->
     }
 
 
-def _pieces(text: str, size: int) -> list[str]:
-    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
-
-
 def _block_events(i: int, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     def delta(d: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return "content_block_delta", {"type": "content_block_delta", "index": i, "delta": d}
@@ -245,16 +213,16 @@ def _block_events(i: int, block: dict[str, Any]) -> list[tuple[str, dict[str, An
     kind = block["type"]
     if kind == "text":
         start = {"type": "text", "text": ""}
-        deltas = [delta({"type": "text_delta", "text": p}) for p in _pieces(block["text"], 12)]
+        deltas = [delta({"type": "text_delta", "text": p}) for p in pieces(block["text"], 12)]
     elif kind == "tool_use":
         start = {**block, "input": {}}
         args = json.dumps(block["input"])
         deltas = [delta({"type": "input_json_delta", "partial_json": p})
-                  for p in ["", *_pieces(args, 7)]]
+                  for p in ["", *pieces(args, 7)]]
     elif kind == "thinking":
         start = {k: "" if k in ("thinking", "signature") else v for k, v in block.items()}
         deltas = [delta({"type": "thinking_delta", "thinking": p})
-                  for p in _pieces(block["thinking"], 10)]
+                  for p in pieces(block["thinking"], 10)]
         deltas.append(delta({"type": "signature_delta", "signature": block["signature"]}))
     else:  # redacted_thinking and the like arrive whole
         start, deltas = block, []
@@ -435,10 +403,4 @@ class FakeAnthropic:
         check_message(body)
         whole = json.dumps(body).encode()
         data = whole[: len(whole) // 2]
-        h = ex.handler
-        h.send_response(200)
-        h.send_header("content-type", "application/json")
-        h.send_header("content-length", str(len(data) * (1 if complete else 2)))
-        h.end_headers()
-        h.wfile.write(data)
-        h.wfile.flush()
+        ex.send_bytes(200, data, length=len(data) if complete else len(whole))

@@ -24,7 +24,6 @@ import itertools
 import json
 import threading
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +38,7 @@ from openai.types.shared import ErrorObject
 from runtime.llm.types import Response, StopReason, TextBlock, ToolUse, Usage
 
 from .loopback import Exchange, LoopbackServer, Recorded
+from .sdk_check import WireDrift, drain, no_extras, pieces
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent, Step
 
 PATH = "/v1/chat/completions"
@@ -67,29 +67,15 @@ _CHUNK = pydantic.TypeAdapter(ChatCompletionChunk)
 _ERROR = pydantic.TypeAdapter(ErrorObject)
 
 
-def _no_extras(value: Any, path: str) -> None:
-    if isinstance(value, pydantic.BaseModel):
-        if value.model_extra:
-            raise AssertionError(f"{path}: fields unknown to the SDK: {sorted(value.model_extra)}")
-        for name in type(value).model_fields:
-            _no_extras(getattr(value, name), f"{path}.{name}")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _no_extras(item, f"{path}[{i}]")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _no_extras(item, f"{path}.{key}")
-
-
 def validate_completion(body: dict[str, Any]) -> ChatCompletion:
     value = _COMPLETION.validate_python(body, strict=True)
-    _no_extras(value, "ChatCompletion")
+    no_extras(value, "ChatCompletion")
     return value
 
 
 def validate_chunk(chunk: dict[str, Any]) -> ChatCompletionChunk:
     value = _CHUNK.validate_python(chunk, strict=True)
-    _no_extras(value, "ChatCompletionChunk")
+    no_extras(value, "ChatCompletionChunk")
     return value
 
 
@@ -100,36 +86,22 @@ _REQUEST = pydantic.TypeAdapter(list[CompletionCreateParamsNonStreaming], config
 _STREAM_REQUEST = pydantic.TypeAdapter(list[CompletionCreateParamsStreaming], config=_STRICT)
 
 
-def _drain(value: Any) -> Any:
-    """Pydantic validates ``Iterable`` fields lazily; iterate them so every item is checked."""
-    if isinstance(value, dict):
-        return {k: _drain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | Iterator):
-        return [_drain(v) for v in value]
-    return value
-
-
 def validate_request(body: dict[str, Any]) -> dict[str, Any]:
     """A request body as the SDK would build it: known keys only, each of the right type."""
     adapter = _STREAM_REQUEST if body.get("stream") is True else _REQUEST
-    return _drain(adapter.validate_python([body]))[0]
+    return drain(adapter.validate_python([body]))[0]
 
 
 def validate_error(body: dict[str, Any]) -> ErrorObject:
     """OpenAI's error body is ``{"error": ErrorObject}`` and nothing else."""
     if set(body) != {"error"}:
-        raise AssertionError(f"error body keys {sorted(body)} != ['error']")
+        raise WireDrift(f"error body keys {sorted(body)} != ['error']")
     value = _ERROR.validate_python(body["error"], strict=True)
-    _no_extras(value, "ErrorObject")
+    no_extras(value, "ErrorObject")
     return value
 
 
 # -- rendering --------------------------------------------------------------------------------
-
-
-def _pieces(text: str, size: int) -> list[str]:
-    """Split like a tokenizer would, so the client must concatenate."""
-    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
 def _usage(usage: Usage) -> dict[str, Any]:
@@ -236,9 +208,9 @@ def render_chunks(
 
     out = [chunk({"role": "assistant", "content": "", "refusal": None})]
     if reply.text:
-        out += [chunk({"content": p}) for p in _pieces(reply.text, 5)]
+        out += [chunk({"content": p}) for p in pieces(reply.text, 5)]
     if reply.refusal:
-        out += [chunk({"refusal": p}) for p in _pieces(reply.refusal, 5)]
+        out += [chunk({"refusal": p}) for p in pieces(reply.refusal, 5)]
     per_call = []
     for i, call in enumerate(reply.calls):
         head = {
@@ -247,7 +219,7 @@ def render_chunks(
             "type": "function",
             "function": {"name": call.name, "arguments": ""},
         }
-        tail = [{"index": i, "function": {"arguments": p}} for p in _pieces(_arguments(call), 7)]
+        tail = [{"index": i, "function": {"arguments": p}} for p in pieces(_arguments(call), 7)]
         per_call.append([head, *tail])
     if interleave:
         for k in range(max(map(len, per_call), default=0)):
@@ -384,22 +356,10 @@ class FakeOpenAI:
             case Response():
                 ex.send_json(200, p.completion)
             case DropMidStream():
-                h = ex.handler
-                h.send_response(200)
-                h.send_header("content-type", "application/json")
-                h.send_header("content-length", str(len(data)))
-                h.end_headers()
-                h.wfile.write(data[: len(data) // 2])
-                h.wfile.flush()
+                ex.send_bytes(200, data[: len(data) // 2], length=len(data))
                 ex.drop()
             case MalformedEvent():
-                h = ex.handler
-                h.send_response(200)
-                h.send_header("content-type", "application/json")
-                h.send_header("content-length", "13")
-                h.end_headers()
-                h.wfile.write(b"this is not {")
-                h.wfile.flush()
+                ex.send_bytes(200, b"this is not {")
             case Hang():
                 ex.hang_until_client_leaves()
 

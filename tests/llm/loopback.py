@@ -37,11 +37,23 @@ class Exchange:
     closed_by_client: threading.Event = field(default_factory=threading.Event)
 
     def send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(body).encode()
+        self.send_bytes(status, json.dumps(body).encode(), headers=headers)
+
+    def send_bytes(
+        self,
+        status: int,
+        data: bytes,
+        content_type: str = "application/json",
+        *,
+        length: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """A reply with this body. ``length`` overrides the ``content-length`` header: a
+        larger one than ``len(data)`` announces more than is sent (a body cut short)."""
         h = self.handler
         h.send_response(status)
-        h.send_header("content-type", "application/json")
-        h.send_header("content-length", str(len(data)))
+        h.send_header("content-type", content_type)
+        h.send_header("content-length", str(len(data) if length is None else length))
         for k, v in (headers or {}).items():
             h.send_header(k, v)
         h.end_headers()

@@ -657,12 +657,7 @@ async def test_client_errors_are_terminal_with_one_request(fake: FakeAnthropic, 
 
 def _odd_server(status: int, body: bytes, content_type: str) -> LoopbackServer:
     def respond(rec: Any, ex: Any) -> None:
-        h = ex.handler
-        h.send_response(status)
-        h.send_header("content-type", content_type)
-        h.send_header("content-length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
+        ex.send_bytes(status, body, content_type)
 
     return LoopbackServer(respond)
 

@@ -784,12 +784,7 @@ async def test_client_errors_are_terminal(
 
 async def test_a_non_json_error_body_still_makes_a_classified_error(server: Any) -> None:
     def respond(rec: Recorded, ex: Exchange) -> None:
-        h = ex.handler
-        h.send_response(502)
-        h.send_header("content-type", "text/html")
-        h.send_header("content-length", "26")
-        h.end_headers()
-        h.wfile.write(b"<h1>502 Bad Gateway</h1>\r\n")
+        ex.send_bytes(502, b"<h1>502 Bad Gateway</h1>\r\n", "text/html")
 
     srv = server(respond)
     with pytest.raises(LLMError) as info:

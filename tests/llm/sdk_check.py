@@ -1,0 +1,50 @@
+"""What both loopback fakes use to hold their wire format to the official SDK types.
+
+Validation is pydantic's strict mode (no coercion: ``"1"`` is not an int, an unknown literal
+is an error) plus two things strict mode alone misses: the SDK response models allow unknown
+fields (``extra="allow"``, so they survive API additions), which would let a misspelt or
+invented field through, so ``no_extras`` walks the validated tree and refuses any; and the
+SDK request params validate ``Iterable`` fields lazily, so ``drain`` iterates them for every
+item to be checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pydantic
+
+
+class WireDrift(AssertionError):
+    """Something on the wire does not match the official SDK's types."""
+
+
+def no_extras(value: Any, path: str = "$") -> None:
+    """Refuse any field the SDK models do not declare, anywhere in ``value``."""
+    if isinstance(value, pydantic.BaseModel):
+        if extra := value.__pydantic_extra__:
+            raise WireDrift(f"{path}: fields unknown to the SDK: {sorted(extra)}")
+        for name in type(value).model_fields:
+            no_extras(getattr(value, name), f"{path}.{name}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            no_extras(item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            no_extras(item, f"{path}.{key}")
+
+
+def drain(value: Any) -> Any:
+    """``value`` with every lazily validated iterable turned into a list (so validated)."""
+    if isinstance(value, dict):
+        return {k: drain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | Iterator):
+        return [drain(v) for v in value]
+    return value
+
+
+def pieces(text: str, size: int) -> list[str]:
+    """``text`` cut into ``size``-character deltas, as a tokenizer would stream it, so a
+    client must concatenate (one empty piece for empty text)."""
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
