@@ -71,6 +71,23 @@ class AdapterBackend(Backend, Protocol):
         ports: one reused connection)."""
 
 
+# -- retry policies that never wait (every module of the suite uses them) ----------------
+
+
+class Sleeps:
+    """A ``RetryPolicy.sleep`` that records the waits instead of waiting."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+def policy(sleeps: Sleeps, attempts: int = 3) -> RetryPolicy:
+    return RetryPolicy(max_attempts=attempts, sleep=sleeps, clock=lambda: 0.0)
+
+
 def load(name: str) -> AbstractContextManager[Backend]:
     import importlib
 

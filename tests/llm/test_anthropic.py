@@ -57,6 +57,7 @@ from .fake_anthropic import (
     check_request,
     message_body,
 )
+from .harness import Sleeps, policy
 from .loopback import LoopbackServer
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent
 
@@ -68,20 +69,6 @@ THINKING = '{"type":"thinking","thinking":"Rain means umbrella.","signature":"RX
 REDACTED = '{"type":"redacted_thinking","data":"EmwKAhgBEgy3va3pzix/LafPsn4aDFIT"}'
 WEATHER = Tool(name="get_weather", description="Weather for a city.",
                input_schema={"type": "object", "properties": {"city": {"type": "string"}}})
-
-
-class Sleeps:
-    """A ``RetryPolicy.sleep`` that records the waits instead of waiting."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-
-def policy(sleeps: Sleeps, attempts: int = 3) -> RetryPolicy:
-    return RetryPolicy(max_attempts=attempts, sleep=sleeps, clock=lambda: 0.0)
 
 
 def connect(url: str, *, retry: RetryPolicy | None = None, **kw: Any) -> AnthropicModel:

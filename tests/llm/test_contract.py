@@ -27,7 +27,6 @@ from runtime.llm import (
     OpaqueBlock,
     Request,
     Response,
-    RetryPolicy,
     Role,
     Stop,
     StopReason,
@@ -42,7 +41,7 @@ from runtime.llm import (
 from runtime.llm.providers.anthropic import AnthropicModel
 from runtime.llm.providers.openai import OpenAIModel
 
-from .harness import AdapterBackend, Backend, CacheLayout, load
+from .harness import AdapterBackend, Backend, CacheLayout, Sleeps, load, policy
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent
 
 pytestmark = pytest.mark.anyio
@@ -71,20 +70,6 @@ CAPS = {
     "openai": Caps(cache_markers=False, cache_key=True, cache_writes=False,
                    opaque_replies=False, opaque_sample='{"type":"refusal","refusal":"as sent"}'),
 }
-
-
-class Sleeps:
-    """A ``RetryPolicy.sleep`` that records the waits instead of waiting."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-
-def policy(sleeps: Sleeps, attempts: int = 3) -> RetryPolicy:
-    return RetryPolicy(max_attempts=attempts, sleep=sleeps, clock=lambda: 0.0)
 
 
 async def run(model: Model, request: Request, mode: Mode) -> Response:

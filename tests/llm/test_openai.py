@@ -60,6 +60,7 @@ from .fake_openai import (
     validate_error,
     validate_request,
 )
+from .harness import Sleeps, policy
 from .loopback import Exchange, LoopbackServer, Recorded
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent
 
@@ -82,20 +83,6 @@ def _no_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def fake() -> Iterator[FakeOpenAI]:
     with FakeOpenAI() as f:
         yield f
-
-
-class Sleeps:
-    """A ``RetryPolicy.sleep`` that records the waits instead of waiting."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-
-def policy(sleeps: Sleeps, attempts: int = 3) -> RetryPolicy:
-    return RetryPolicy(max_attempts=attempts, sleep=sleeps, clock=lambda: 0.0)
 
 
 def model_for(fake: FakeOpenAI, **kw: Any) -> OpenAIModel:
