@@ -18,7 +18,7 @@ from . import catalog
 from .config import DEFAULT_MODEL_VAR, PROVIDER_VARS, Settings
 from .errors import ConfigurationError
 from .model import Model
-from .safety import is_loopback_url, safe_base_url
+from .safety import display_url, is_loopback_url, safe_base_url
 
 PROVIDERS: tuple[str, ...] = tuple(PROVIDER_VARS)
 
@@ -119,8 +119,8 @@ def model_settings(
     url = base_url or settings.get(names.base_url)
     if not safe_base_url(url):
         raise ConfigurationError(
-            f"refusing to send a {chosen} API key to {url!r}: use https, or http only to "
-            "a loopback address (127.0.0.1, localhost)"
+            f"refusing to send a {chosen} API key to {display_url(url or '')!r}: use https, "
+            "or http only to a loopback address (127.0.0.1, localhost)"
         )
     # a local OpenAI-compatible server needs no key (the adapter makes the same exception)
     keyless = chosen == "openai" and is_loopback_url(url)

@@ -42,6 +42,20 @@ def safe_base_url(url: str | None) -> bool:
     return False
 
 
+def display_url(url: str) -> str:
+    """``scheme://host[:port]/path`` of ``url``: never userinfo or a query, which may hold
+    credentials, so it is safe in an error message."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
 def supported_image_media_type(media_type: str) -> bool:
     """Whether every vision backend we target accepts this type (png, jpeg, gif, webp)."""
     return media_type.strip().lower() in SUPPORTED_IMAGE_MEDIA_TYPES

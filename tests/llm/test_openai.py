@@ -67,11 +67,6 @@ from .steps import DropMidStream, Hang, HTTPError, MalformedEvent
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(autouse=True)
 def _no_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests state their configuration; the developer's environment must not leak in."""

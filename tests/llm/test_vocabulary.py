@@ -42,7 +42,7 @@ from runtime.llm import (
     supported_image_media_type,
 )
 from runtime.llm.events import response_events
-from runtime.llm.safety import is_loopback_host, is_loopback_url
+from runtime.llm.safety import display_url, is_loopback_host, is_loopback_url
 
 IMAGE = bytes(range(256)) + b"\x00\xff\xfe not utf-8 \x80"
 RAW = '{"type":"thinking","thinking":"é ✓ \\u00e9","signature":"AbC+/=="}'
@@ -326,6 +326,19 @@ def test_safe_base_url(url: str | None, safe: bool) -> None:
 )
 def test_is_loopback_url(url: str | None, loopback: bool) -> None:
     assert is_loopback_url(url) is loopback
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://api.openai.com/v1", "https://api.openai.com/v1"),
+        ("https://user:sk-SECRET@gw.example:8443/v1?key=sk-SECRET#x", "https://gw.example:8443/v1"),
+        ("http://[::1]:8000/v1", "http://[::1]:8000/v1"),
+        ("http://host:notaport/v1", "http://host/v1"),
+    ],
+)
+def test_display_url_drops_what_may_hold_credentials(url: str, shown: str) -> None:
+    assert display_url(url) == shown
 
 
 def test_is_loopback_host_takes_a_bare_hostname() -> None:

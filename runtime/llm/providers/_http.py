@@ -30,13 +30,13 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, ClassVar, Self
-from urllib.parse import urlsplit
 
 import httpx
 
 from ..errors import Fault, LLMError
 from ..events import StreamEvent
 from ..retry import RetryPolicy, retry_call, retry_stream
+from ..safety import display_url
 from ..types import Request, Response
 
 
@@ -87,20 +87,6 @@ class ClientSlot:
         self._owned, self._loop = None, None
         if client is not None and loop is _event_loop():
             await client.aclose()
-
-
-def display_url(url: str) -> str:
-    """``scheme://host[:port]/path`` of ``url``: never userinfo or a query, which may hold
-    credentials, so it is safe in an error message."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        port = ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 def compact_json(value: Any) -> str:

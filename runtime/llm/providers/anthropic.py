@@ -57,7 +57,7 @@ from ..events import (
     UsageUpdate,
 )
 from ..retry import RetryPolicy, parse_retry_after
-from ..safety import safe_base_url, supported_image_media_type
+from ..safety import display_url, safe_base_url, supported_image_media_type
 from ..types import (
     ImageBlock,
     Message,
@@ -71,7 +71,7 @@ from ..types import (
     ToolUse,
     Usage,
 )
-from ._http import HTTPModel, compact_json, display_url, is_json_object
+from ._http import HTTPModel, compact_json, is_json_object
 from ._sse import SSEEvent, iter_sse
 
 __all__ = ["DEFAULT_BASE_URL", "THINKING_BUDGETS", "AnthropicModel", "thinking_style"]

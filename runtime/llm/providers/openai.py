@@ -47,7 +47,12 @@ from ..events import (
     UsageUpdate,
 )
 from ..retry import RetryPolicy, parse_retry_after
-from ..safety import is_loopback_url, safe_base_url, supported_image_media_type
+from ..safety import (
+    display_url,
+    is_loopback_url,
+    safe_base_url,
+    supported_image_media_type,
+)
 from ..types import (
     ImageBlock,
     Message,
@@ -61,7 +66,7 @@ from ..types import (
     ToolUse,
     Usage,
 )
-from ._http import HTTPModel, compact_json, display_url, is_json_object, malformed
+from ._http import HTTPModel, compact_json, is_json_object, malformed
 from ._sse import iter_sse
 
 __all__ = ["DEFAULT_BASE_URL", "PROVIDER", "OpenAIModel"]
