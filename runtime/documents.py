@@ -29,7 +29,8 @@ log = logging.getLogger("celldialog")
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One change record of a commit: what was written where, and the value before it."""
+    """One change record of a commit: what was written where, and the value before it
+    (None where the path did not exist)."""
 
     space: str
     id: str
@@ -273,7 +274,8 @@ class Transaction:
                 doc.version = versions[key]
                 doc.node.set(root)
         records = [
-            Change(k.space, k.id, pointer(p), b, a, k.scope) for k, p, b, a in self.changes
+            Change(k.space, k.id, pointer(p), None if b is MISSING else b, a, k.scope)
+            for k, p, b, a in self.changes
         ]
         self.writes = {}
         for listener in list(docs.listeners):

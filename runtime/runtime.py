@@ -16,7 +16,7 @@ from .errors import PatternError, StreamError
 from .ids import canonical, derive
 from .jsonpath import MISSING, check_json
 from .pattern import Builder, Pattern, _builder
-from .scheduler import Scheduler
+from .scheduler import MAX_CHAIN, Scheduler
 from .storage import DocKey, Store, open_store
 
 
@@ -70,15 +70,17 @@ class Runtime:
 
     ``store`` is ``"memory"`` (default), ``"sqlite:///path"`` or a ``Store``. ``clock``
     (seconds, like ``time.time``) is what turns and heartbeats read, so tests can own time.
+    ``max_event_chain`` is how many events in a causal chain count as a cycle.
     """
 
     def __init__(self, store: str | Store = "memory", *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 max_event_chain: int = MAX_CHAIN) -> None:
         self.store = open_store(store)
         self.clock = clock
         self.docs = Documents(self.store)
         self._changed = anyio.Event()
-        self.scheduler = Scheduler(self.docs, wake=self._poke)
+        self.scheduler = Scheduler(self.docs, wake=self._poke, max_chain=max_event_chain)
         self._instances: dict[tuple[Any, ...], Instance] = {}
         self._tg: TaskGroup | None = None
         self._inflight = 0

@@ -38,8 +38,10 @@ class Event:
 
 
 class Scheduler:
-    def __init__(self, docs: Documents, wake: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, docs: Documents, wake: Callable[[], None] = lambda: None,
+                 max_chain: int = MAX_CHAIN) -> None:
         self.docs = docs
+        self.max_chain = max_chain
         self.queue: deque[Event] = deque()
         self.current: Event | None = None
         self._draining = False
@@ -49,17 +51,18 @@ class Scheduler:
         if stream.stopped:
             raise StreamError(f"{stream!r} belongs to a stopped instance; nothing will handle it")
         payload = check_json(payload, f"event for {stream.name}")
-        tx = self.docs.tx
-        if tx is not None and self.current is not None and tx is self._tx:
-            # sent from inside a handler: leaves only if that handler commits
+        tx = self._tx
+        if tx is not None:
+            # sent while a handler or its commit's sinks run: leaves, in the order sent, only
+            # if that handler commits
             tx.outbox.append((stream, payload))
             return Event(stream, payload, self.current)
         return self._push(stream, payload, self.current)
 
     def _push(self, stream: Stream, payload: Any, parent: Event | None) -> Event:
         ev = Event(stream, payload, parent)
-        if ev.depth > MAX_CHAIN:
-            raise _chain_cycle(ev)
+        if ev.depth > self.max_chain:
+            raise _chain_cycle(ev, self.max_chain)
         self.queue.append(ev)
         self._wake()
         return ev
@@ -109,7 +112,7 @@ class Scheduler:
             ev.done = True
 
 
-def _chain_cycle(ev: Event) -> CycleError:
+def _chain_cycle(ev: Event, limit: int) -> CycleError:
     names: list[str] = []
     streams: list[Any] = []
     e: Event | None = ev
@@ -123,8 +126,9 @@ def _chain_cycle(ev: Event) -> CycleError:
     names.reverse()
     streams.reverse()
     return CycleError(
-        f"events keep causing each other ({MAX_CHAIN} in a row): "
+        f"events keep causing each other ({limit} in a row): "
         + " -> ".join(names)
-        + " -> ... (a handler's write wakes something that sends to it again)",
+        + " -> ... (a handler's write wakes something that sends to it again; if the chain"
+        " is legitimate, raise Runtime(max_event_chain=...))",
         streams,
     )

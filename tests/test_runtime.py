@@ -325,3 +325,59 @@ async def test_missing_document_link_is_a_clear_error():
         with pytest.raises(PathError, match="no document /nope"):
             ghost.get()
         assert ghost.get("fallback") == "fallback"
+
+
+async def test_sends_from_sinks_during_a_commit_queue_after_the_handlers_own_sends():
+    log: list[str] = []
+
+    @handler
+    def write(event, n, b):
+        b.send({"from": "handler"})
+        n.set(event["n"])
+
+    @handler
+    def record(event, out):
+        log.append(event["from"])
+
+    @pattern
+    def p():
+        n = cell(0, name="n")
+        out = cell([], name="out")
+        b = record(out=out)
+        return {"n": n, "b": b, "write": write(n=n, b=b)}
+
+    async with Runtime() as rt:
+        inst = rt.run(p)
+        stream_b = inst.stream("b")
+        inst.result.key("n").sink(lambda v: v and stream_b.send({"from": "sink"}))
+        await inst.send("write", {"n": 1})
+        await rt.idle()
+        assert log == ["handler", "sink"]
+
+
+async def test_event_chain_limit_is_configurable():
+    from runtime import CycleError
+
+    @pattern
+    def p():
+        n = cell(0, name="n")
+        holder = {}
+
+        @handler
+        def bounce(event, n):
+            n.set(event["k"])
+            if event["k"] < 30:
+                holder["s"].send({"k": event["k"] + 1})
+
+        holder["s"] = bounce(n=n)
+        return {"n": n, "go": holder["s"]}
+
+    async with Runtime(max_event_chain=10) as rt:
+        inst = rt.run(p)
+        await inst.send("go", {"k": 0})
+        assert inst.result.key("n").get() == 10  # the 11th event in the chain was refused
+        assert any(isinstance(e, CycleError) and "bounce" in str(e) for _, e in rt.errors)
+    async with Runtime() as rt:
+        inst = rt.run(p)
+        await inst.send("go", {"k": 0})
+        assert inst.result.key("n").get() == 30
