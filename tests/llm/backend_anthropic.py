@@ -50,6 +50,9 @@ class AnthropicBackend:
     def client_ports(self) -> list[int]:
         return [ex.handler.client_address[1] for ex in self.fake.exchanges]
 
+    def closed_by_client(self, index: int, timeout: float) -> bool:
+        return self.fake.exchanges[index].closed_by_client.wait(timeout)
+
     def sent(self) -> list[dict[str, Any]]:
         return [r.body for r in self.fake.requests]
 

@@ -70,6 +70,10 @@ class AdapterBackend(Backend, Protocol):
         """The client-side port of each request's TCP connection, as the fake saw it (equal
         ports: one reused connection)."""
 
+    def closed_by_client(self, index: int, timeout: float) -> bool:
+        """Whether the client closed request ``index``'s connection within ``timeout``
+        seconds (blocking: call it from a worker thread)."""
+
 
 # -- retry policies that never wait (every module of the suite uses them) ----------------
 

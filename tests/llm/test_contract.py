@@ -6,6 +6,7 @@ markers on OpenAI, cache-write counts...) is stated once in ``CAPS`` and asserte
 from __future__ import annotations
 
 import gc
+import socket
 import time
 import warnings
 from collections.abc import Iterator
@@ -433,6 +434,27 @@ async def test_adapter_refuses_to_send_a_key_over_plain_http(provider: str) -> N
     assert "http" in str(err).lower() and SECRET not in str(err) + repr(err)
 
 
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+async def test_connection_refused_is_retried_then_a_transient_fault(provider: str,
+                                                                    mode: Mode) -> None:
+    sleeps = Sleeps()
+    model = _adapter(provider, api_key=SECRET, base_url=f"http://127.0.0.1:{_closed_port()}",
+                     retry=policy(sleeps))
+    with pytest.raises(LLMError) as info:
+        await run(model, ask(), mode)
+    assert (info.value.fault, info.value.status, info.value.provider) == (
+        Fault.TRANSIENT, None, provider)
+    assert "could not connect" in str(info.value) and SECRET not in repr(info.value)
+    assert len(sleeps.waits) == 2  # three attempts
+
+
 @pytest.fixture(params=["anthropic", "openai"])
 def adapter(request: pytest.FixtureRequest) -> Iterator[AdapterBackend]:
     with load(request.param) as b:
@@ -494,3 +516,15 @@ def test_a_model_is_usable_from_one_event_loop_after_another(adapter: AdapterBac
         assert anyio.run(call) == "one"
         assert anyio.run(call_and_close) == "two"
         gc.collect()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_cancelled_call_closes_its_request(adapter: AdapterBackend, mode: Mode) -> None:
+    """Cancelling the caller's scope (mid-stream, once an event has arrived, or while
+    waiting for a reply) aborts the HTTP request: the server sees its connection closed."""
+    adapter.script(Hang(reply("never finished"), after_events=1))
+    model = adapter.model()
+    with anyio.move_on_after(0.3) as scope:
+        await run(model, ask(), mode)
+    assert scope.cancelled_caught
+    assert await anyio.to_thread.run_sync(adapter.closed_by_client, 0, 5.0)
