@@ -33,6 +33,7 @@ from .resolve import ModelSettings, model_settings, parse_model_name, resolve_mo
 from .retry import NO_RETRY, RetryPolicy, parse_retry_after, retry_call, retry_stream
 from .retrying import RetryingModel, with_retry
 from .safety import (
+    display_url,
     is_loopback_host,
     is_loopback_url,
     safe_base_url,
@@ -127,6 +128,7 @@ __all__ = [
     "assemble",
     "by_alias",
     "delayed",
+    "display_url",
     "is_loopback_host",
     "is_loopback_url",
     "lookup",
