@@ -61,8 +61,7 @@ from runtime.llm import (
 from runtime.llm.providers import openai as openai_adapter
 from runtime.llm.providers.anthropic import AnthropicModel
 from runtime.llm.providers.openai import OpenAIModel
-from tests.llm import fake_anthropic
-from tests.llm.fake_openai import FakeOpenAI
+from tests.llm import fake_anthropic, fake_openai
 
 KEY = "sk-bench-not-a-real-key"
 SYSTEM = "You are a concise weather assistant. Call tools when you need data."
@@ -144,9 +143,13 @@ def _quiet_server() -> None:
     sockets (headers and body go out as two writes; with Nagle and delayed ACKs every
     keep-alive reply would stall ~40 ms)."""
     http.server.BaseHTTPRequestHandler.disable_nagle_algorithm = True
-    for name in ("check_request", "check_message", "check_event", "check_error"):
-        if hasattr(fake_anthropic, name):
-            setattr(fake_anthropic, name, lambda *a, **k: None)
+    for module, names in (
+        (fake_anthropic, ("check_request", "check_message", "check_event", "check_error")),
+        (fake_openai, ("validate_request",)),  # its replies are validated once, when scripted
+    ):
+        for name in names:
+            assert hasattr(module, name), f"{module.__name__}.{name} is gone: update the bench"
+            setattr(module, name, lambda *a, **k: None)
 
 
 def _floor(client: httpx.AsyncClient, url: str, headers: dict[str, str], body: bytes,
@@ -207,7 +210,7 @@ def _serve(conn: Connection, count: int) -> None:
     """The fake servers, in their own process so they never compete with the clients for
     the GIL; each has ``count`` replies queued up front."""
     _quiet_server()
-    with fake_anthropic.FakeAnthropic() as fa, FakeOpenAI() as fo:
+    with fake_anthropic.FakeAnthropic() as fa, fake_openai.FakeOpenAI() as fo:
         fa.script(*[REPLY] * count)
         fo.script(*[REPLY] * count)
         conn.send((fa.url, fo.base_url))
