@@ -4,12 +4,14 @@ The cell layer is built on this module and it knows nothing of cells, documents 
 
 How a write propagates (after alien-signals and Preact signals):
 
-1. *Push*: a changed signal marks its direct subscribers DIRTY and every node downstream of
-   them PENDING, queueing the effects it reaches. Nothing is computed yet.
+1. *Push*: a changed signal is marked CHANGED (remembering the value its subscribers last
+   saw) and every node downstream of it PENDING, queueing the effects it reaches. Nothing is
+   computed yet.
 2. *Pull*: each queued effect asks "did anything I read really change?". An iterative
-   depth-first walk (``_check_dirty``) goes down through PENDING nodes to the DIRTY ones,
-   recomputes those bottom-up, and lets a change mark only the direct subscribers DIRTY. A
-   recomputation that yields an equal value stops there (value gating).
+   depth-first walk (``_check_dirty``) goes down through PENDING nodes to the DIRTY ones and
+   the CHANGED signals, recomputes bottom-up, and lets a change mark only the direct
+   subscribers DIRTY. A recomputation that yields an equal value stops there (value gating),
+   and so does a signal whose writes within one batch or flush cancel out (0 -> 1 -> 0).
 
 So a node runs only when something live (an effect) needs it (demand-driven), at most once per
 propagation, and only after everything it reads is fresh: no observer can see a mix of old and
@@ -20,6 +22,10 @@ Depth: propagation and dirty checks use explicit stacks. Evaluating a never-comp
 recursive by nature (a computation reads its input, which computes first); past
 ``MAX_DEPTH`` nested computations the innermost one is suspended and a driver loop computes
 it first, then retries, so a chain of any length evaluates within Python's stack.
+
+Cycles: a computed reached again while it computes (RUNNING, or WAITING in the depth driver)
+raises CycleError naming the loop, traced through ``parent`` links (who needs whom, also along
+dirty-check walks); effects that keep re-triggering each other are stopped by a run count.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ _PENDING = 2  # something upstream may have changed: check before using
 _RUNNING = 4  # computing now (re-entry means a cycle)
 _EFFECT = 8  # a live sink
 _QUEUED = 16  # effect waiting in the flush queue
+_WAITING = 32  # computed suspended by the depth driver until a deeper node is computed
+_CHANGED = 128  # signal written since its subscribers last looked
 _STALE = _DIRTY | _PENDING
 
 MAX_DEPTH = 64  # nested first-time computations before the driver takes over
@@ -66,7 +74,7 @@ class WriteInComputationError(RuntimeError):
     """Computations are pure: they read, never write."""
 
 
-class _Suspend(Exception):
+class _Suspend(BaseException):  # not an Exception: user code's `except Exception` must not eat it
     def __init__(self, node: Computed[Any]) -> None:
         self.node = node
 
@@ -95,15 +103,19 @@ _UNSET: Any = type("_Unset", (), {"__repr__": lambda self: "<unset>"})()
 class Signal(Generic[T]):
     """A writable source value. ``get()`` inside a computation records a dependency."""
 
-    __slots__ = ("__weakref__", "_value", "flags", "label", "subs")
+    __slots__ = ("__weakref__", "_value", "flags", "label", "prev", "subs", "version")
 
     def __init__(self, value: T, label: str = "") -> None:
         self._value = value
         self.subs: list[Computed[Any] | Effect] = []
         self.flags = 0
         self.label = label
+        self.prev: Any = None  # while CHANGED: the value its subscribers last saw
+        self.version = 0  # the _G.epoch of its last change
 
     def get(self) -> T:
+        if self.flags:
+            _update_signal(self)
         a = _G.active
         if a is not None:
             deps = a.deps
@@ -119,20 +131,26 @@ class Signal(Generic[T]):
 
     def set(self, value: T) -> None:
         """Replace the value; an equal value changes nothing and notifies no one."""
-        a = _G.active
-        if a is not None and not a.flags & _EFFECT:
-            raise WriteInComputationError(
-                f"computation {a!r} tried to write {self!r}: computations must be pure; "
-                "write from a handler or an effect instead"
-            )
+        G = _G
+        if G.depth:  # a computation is running (also when it reads untracked() or peek()s)
+            a = G.active
+            if a is None or not a.flags & _EFFECT:
+                raise WriteInComputationError(
+                    f"{'a computation' if a is None else a!r} tried to write {self!r}: "
+                    "computations must be pure; write from a handler or an effect instead"
+                )
         old = self._value
         if value is old or (type(value) is type(old) and value == old):
             return
         self._value = value
-        _G.epoch += 1
+        G.epoch += 1
+        self.version = G.epoch
         if self.subs:
-            _propagate(self.subs)
-            if not _G.batch:
+            if not self.flags:
+                self.flags = _CHANGED
+                self.prev = old
+                _propagate(self.subs)
+            if not G.batch:
                 _flush()
 
     def __repr__(self) -> str:
@@ -168,13 +186,13 @@ class Computed(Generic[T]):
 
     def get(self) -> T:
         f = self.flags
-        if f & 7:  # _DIRTY | _PENDING | _RUNNING
-            if f & 4:
-                raise _cycle(self)
+        if f & 39:  # _DIRTY | _PENDING | _RUNNING | _WAITING
+            if f & 36:
+                raise _cycle(self, _G.active)
             if f & 1 or _check_dirty(self):
-                _refresh(self)
+                _refresh(self, _G.active)
         elif self.epoch != _G.epoch and not self.subs:
-            _refresh(self)  # not live: no one told us about writes, so recompute
+            _refresh(self, _G.active)  # not live: no one told us about writes, so recompute
         a = _G.active
         if a is not None:
             deps = a.deps
@@ -203,7 +221,8 @@ class Effect:
     """A live sink: runs ``fn`` now and again after every change to what it read.
 
     Effects are what make computations run (demand). ``dispose()`` stops it and releases
-    everything it kept alive.
+    everything it kept alive; it may be called from its own ``fn``. If creating it raises (its
+    first run, or the flush that run triggers), it is disposed: nothing is left live.
     """
 
     __slots__ = ("__weakref__", "deps", "flags", "fn", "label", "parent", "subs")
@@ -217,13 +236,20 @@ class Effect:
         self.flags = _EFFECT
         self.label = label or getattr(fn, "__name__", "")
         self.parent = None
-        _run_effect(self)
-        if not _G.batch:
-            _flush()
+        try:
+            _run_effect(self)
+            if not _G.batch:
+                _flush()
+        except BaseException:
+            self.dispose()  # the caller never gets a handle to it: don't leave it live
+            raise
 
     def dispose(self) -> None:
+        # Disposing itself from its own fn, ``deps`` is the list being recorded: only what it
+        # also read last run is subscribed; the run releases the rest when it ends.
         for d in dict.fromkeys(self.deps):
-            _unlink(d, self)
+            if self in d.subs:
+                _unlink(d, self)
         self.deps = []
         self.flags = _EFFECT  # no QUEUED: a queued run is skipped
 
@@ -261,43 +287,50 @@ def untracked() -> Iterator[None]:
 
 
 def _propagate(subs: list[Any]) -> None:
-    """Mark direct subscribers DIRTY and everything downstream PENDING; queue effects."""
+    """Mark everything downstream of a change PENDING; queue the effects reached."""
     q = _G.queue
-    stack: list[list[Any]] = []
-    for s in subs:
-        f = s.flags
-        if f & _DIRTY:
-            continue
-        s.flags = f | _DIRTY
-        if f & _PENDING:
-            continue  # its downstream is already marked
-        if f & _EFFECT:
-            if not f & _QUEUED:
-                s.flags |= _QUEUED
-                q.append(s)
-        elif s.subs:
-            stack.append(s.subs)
+    stack = [subs]
     while stack:
         for s in stack.pop():
             f = s.flags
-            if f & _STALE:
+            if f & 3:  # _STALE: its downstream is already marked
                 continue
-            if f & _EFFECT:
-                s.flags = f | _PENDING | _QUEUED
-                q.append(s)
+            if f & 8:  # _EFFECT
+                s.flags = f | 18  # _PENDING | _QUEUED
+                if not f & 16:
+                    q.append(s)
             else:
-                s.flags = f | _PENDING
+                s.flags = f | 2
                 if s.subs:
                     stack.append(s.subs)
+
+
+def _update_signal(s: Signal[Any]) -> bool:
+    """A CHANGED signal is looked at: if its value really differs from what its subscribers
+    last saw, the ones still PENDING become DIRTY. Returns whether it changed."""
+    s.flags = 0
+    old = s.prev
+    s.prev = None
+    v = s._value
+    if v is old or (type(v) is type(old) and v == old):
+        return False  # written and written back within one batch or flush
+    for sub in s.subs:
+        f = sub.flags
+        if f & 3 == 2:  # PENDING, not yet DIRTY
+            sub.flags = f | 1
+    return True
 
 
 def _check_dirty(node: Any, G: _State = _G) -> bool:
     """Whether a PENDING node must recompute; refreshes what it reads, bottom-up.
 
     Iterative depth-first walk over PENDING dependencies. A DIRTY dependency is recomputed on
-    the spot; if its value changed it marks its subscribers (among them the node above it on
-    the walk) DIRTY, which ends the scan of that node.
+    the spot and a CHANGED signal is compared with what its subscribers saw; a change marks
+    the subscribers (among them the node above it on the walk) DIRTY, which ends the scan of
+    that node: a node that must recompute reads its remaining dependencies itself, if it
+    still reads them at all. ``parent`` links record who needs whom, for cycle reports.
     """
+    node.parent = G.active
     # Fast path: the node's own dependencies, before allocating a walk stack.
     deps = node.deps
     i = 0
@@ -306,7 +339,7 @@ def _check_dirty(node: Any, G: _State = _G) -> bool:
         f = d.flags
         if f & 1:  # _DIRTY
             try:
-                _compute(d)
+                _compute(d, node)
             except _Suspend as s:
                 if G.depth:
                     raise
@@ -315,23 +348,23 @@ def _check_dirty(node: Any, G: _State = _G) -> bool:
                 return True
         elif f & 2:  # _PENDING: walk down
             break
+        elif f & 128 and _update_signal(d) and node.flags & 1:  # _CHANGED signal
+            return True
     else:
         node.flags &= ~2
         return False
     # Slow path: an explicit stack of (node, iterator over its remaining deps). A run of
     # single-dependency nodes (a chain) is walked without pushing frames.
-    stack: list[Any] = []
+    stack: list[Any] = [node, iter(deps[i:])]
     n = d
+    n.parent = node
     it = iter(n.deps)
-    parent_it = iter(deps[i:])
-    stack.append(node)
-    stack.append(parent_it)
     while True:
         for d in it:
             f = d.flags
             if f & 1:
                 try:
-                    _compute(d)
+                    _compute(d, n)
                 except _Suspend as s:
                     if G.depth:
                         raise
@@ -341,8 +374,11 @@ def _check_dirty(node: Any, G: _State = _G) -> bool:
             elif f & 2:
                 stack.append(n)
                 stack.append(it)
+                d.parent = n
                 n = d
                 it = iter(d.deps)
+                break
+            elif f & 128 and _update_signal(d) and n.flags & 1:
                 break
         else:
             # every dependency of n checked: n stays clean unless one of them changed
@@ -352,12 +388,14 @@ def _check_dirty(node: Any, G: _State = _G) -> bool:
                     return False
                 it = stack.pop()
                 n = stack.pop()
-                continue
-        if n.flags & 1:
+        # A DIRTY n recomputes (n is clean if we just walked down into it, or popped back to
+        # it unchanged); its change may make the node above it DIRTY in turn, which then
+        # recomputes without scanning its other deps.
+        while n.flags & 1:
             if not stack:
                 return True
             try:
-                _compute(n)
+                _compute(n, n.parent)
             except _Suspend as s:
                 if G.depth:
                     raise
@@ -366,11 +404,11 @@ def _check_dirty(node: Any, G: _State = _G) -> bool:
             n = stack.pop()
 
 
-def _refresh(node: Computed[Any], G: _State = _G) -> None:
+def _refresh(node: Computed[Any], parent: Any, G: _State = _G) -> None:
     """Recompute ``node`` now. Nested too deep, it is suspended (``_Suspend``) and the
     outermost refresh, at depth 0, drives: it computes the suspended node, then retries."""
     try:
-        _compute(node)
+        _compute(node, parent)
     except _Suspend as s:
         if G.depth:
             raise
@@ -378,24 +416,36 @@ def _refresh(node: Computed[Any], G: _State = _G) -> None:
 
 
 def _drive(node: Computed[Any], suspended: Computed[Any]) -> None:
+    # Nodes waiting in ``todo`` are logically still computing: one read while a deeper node
+    # computes is a cycle (they are flagged WAITING, as RUNNING ones are).
     todo = [node, suspended]
-    while todo:
-        try:
-            _compute(todo[-1])
-        except _Suspend as s:
-            todo.append(s.node)
-        else:
-            todo.pop()
+    node.flags |= _WAITING
+    try:
+        while todo:
+            n = todo[-1]
+            n.flags &= ~_WAITING
+            try:
+                _compute(n, n.parent)
+            except _Suspend as s:
+                n.flags |= _WAITING
+                todo.append(s.node)
+            else:
+                todo.pop()
+    finally:
+        for n in todo:
+            n.flags &= ~_WAITING
 
 
-def _compute(node: Computed[Any], G: _State = _G) -> None:
+def _compute(node: Computed[Any], parent: Any, G: _State = _G) -> None:
+    f0 = node.flags
+    if f0 & 36:  # _RUNNING | _WAITING: reached again while computing, through a cycle
+        raise _cycle(node, parent)
+    node.parent = parent
     if G.depth >= MAX_DEPTH:
         raise _Suspend(node)
     prev = G.active
     old = node.deps
     node.deps = new = []
-    node.parent = prev
-    f0 = node.flags
     node.flags = f0 | 4  # _RUNNING
     G.active = node
     G.depth += 1
@@ -436,27 +486,61 @@ def _compute(node: Computed[Any], G: _State = _G) -> None:
         else:
             node.error = None
         node.value = value
+    # Tell the subscribers still waiting to hear whether it changed (PENDING, not DIRTY yet).
+    # One that is not waiting is reading it right now (a running effect): it gets the new
+    # value, so it must not be scheduled to run again for it.
     for s in node.subs:
         f = s.flags
-        if not f & 1:
+        if f & 3 == 2:
             s.flags = f | 1
             if f & 8 and not f & 16:  # an effect not yet queued
                 s.flags |= 16
                 G.queue.append(s)
 
 
-def _run_effect(e: Effect) -> None:
-    prev = _G.active
+def _run_effect(e: Effect, G: _State = _G) -> None:
+    prev = G.active
     old = e.deps
     e.deps = new = []
     e.flags = _EFFECT
-    _G.active = e
+    start = G.epoch
+    G.active = e
     try:
         e.fn()
     finally:
-        _G.active = prev
+        G.active = prev
         if new != old:
-            _relink(e, old, new)
+            if e.deps is not new:  # it disposed itself: release what it is still subscribed to
+                for d in dict.fromkeys(old):
+                    if e in d.subs:
+                        _unlink(d, e)
+            else:
+                _relink(e, old, new)
+                if G.epoch != start:
+                    _recheck(e, old, new, start)
+
+
+def _recheck(e: Effect, old: list[Any], new: list[Any], start: int) -> None:
+    """Something was written while ``e`` ran (by itself, or by effects a write of its own
+    flushed). Dependencies it started reading in this run were not subscribed yet, so a
+    change to one after it was read notified no one: schedule ``e`` again for those."""
+    olds = set(old)
+    mark = 0
+    for d in dict.fromkeys(new):
+        if d in olds:
+            continue  # subscribed all along: a write reached e through the push
+        if type(d) is Signal:
+            if d.version > start:
+                mark |= _DIRTY
+        elif d.epoch > start:  # recomputed after a write of this run: maybe after e read it
+            mark |= _DIRTY
+        elif d.flags & _STALE:
+            mark |= _PENDING
+    if mark:
+        f = e.flags
+        e.flags = f | mark | _QUEUED
+        if not f & _QUEUED:
+            _G.queue.append(e)
 
 
 def _relink(node: Any, old: list[Any], new: list[Any]) -> None:
@@ -479,7 +563,9 @@ def _link(dep: Any, sub: Any) -> None:
         d.subs.append(s)
         if len(d.subs) == 1 and type(d) is Computed:
             if d.epoch != _G.epoch:
-                d.flags |= _DIRTY  # something was written since it last computed
+                # something was written since it last computed: it must recompute, and its
+                # new subscriber must check whether the value it saw is still current
+                d.flags |= _DIRTY
                 _propagate(d.subs)
             for dd in dict.fromkeys(d.deps):
                 stack.append((dd, d))
@@ -492,8 +578,14 @@ def _unlink(dep: Any, sub: Any) -> None:
         d, s = stack.pop()
         d.subs.remove(s)
         if not d.subs and type(d) is Computed:
-            d.flags &= ~_STALE
-            d.epoch = -2  # not live any more: recompute on next read
+            # Not live any more: no one will tell it about writes. Clean, it is fresh now (it
+            # may be linked again in this same propagation and need not rerun); stale, it
+            # recomputes on its next read.
+            if d.flags & _STALE:
+                d.flags &= ~_STALE
+                d.epoch = -2
+            else:
+                d.epoch = _G.epoch
             for dd in dict.fromkeys(d.deps):
                 stack.append((dd, d))
 
@@ -519,13 +611,15 @@ def _flush(G: _State = _G) -> None:
                     fd = d.flags
                     if fd & 1:
                         try:
-                            _compute(d)
+                            _compute(d, e)
                         except _Suspend as s:
                             _drive(d, s.node)
                         if e.flags & 1:
                             break
                     elif fd & 2:
                         _check_dirty(e)
+                        break
+                    elif fd & 128 and _update_signal(d) and e.flags & 1:
                         break
                 if not e.flags & 1:
                     e.flags &= ~2
@@ -540,10 +634,17 @@ def _flush(G: _State = _G) -> None:
             except Exception as err:  # one failing effect must not starve the others
                 if first_error is None:
                     first_error = err
+    except BaseException:
+        # Interrupted (a cycle, KeyboardInterrupt): the effects not run yet stay queued for
+        # the next flush. Dropping them would leave them (and the PENDING nodes above them)
+        # marked stale, and stale nodes are never marked again: they would go deaf.
+        e = q[i - 1]
+        if e.flags & _STALE and not e.flags & 16:
+            e.flags |= 16
+            i -= 1
+        raise
     finally:
-        for e in q[i:]:
-            e.flags &= ~16
-        del q[:]
+        del q[:i]
         G.flushing = False
     if first_error is not None:
         raise first_error
@@ -559,10 +660,14 @@ def _effect_cycle(runs: dict[Effect, int]) -> CycleError:
     )
 
 
-def _cycle(node: Computed[Any]) -> CycleError:
+def _cycle(node: Computed[Any], reader: Any) -> CycleError:
+    """``reader`` needs ``node``, which is already computing: follow who-needs-whom
+    (``parent``) from the reader back up to ``node`` to name the loop."""
     chain: list[Any] = [node]
-    a = _G.active
-    while a is not None and a is not node:
+    a = reader
+    seen: set[Any] = set()
+    while type(a) is Computed and a is not node and a not in seen:
+        seen.add(a)
         chain.append(a)
         a = a.parent
     chain.append(node)
