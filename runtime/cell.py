@@ -21,10 +21,12 @@ if TYPE_CHECKING:
 @contextmanager
 def writing(docs: Documents) -> Iterator[Transaction]:
     """The open transaction (inside a handler), or a new one committed on exit."""
-    if signals._G.active is not None and not isinstance(signals._G.active, signals.Effect):
+    if signals._G.depth:  # a computation is running (even under untracked() or peek())
+        who = signals._G.active
+        what = f"{who!r}" if who is not None else "a computation (inside untracked())"
         raise WriteInComputationError(
-            f"{signals._G.active!r} tried to write a cell: computations must be pure; "
-            "write from a handler instead"
+            f"{what} tried to write a cell; computations must be pure: write from a handler "
+            "instead"
         )
     if docs.tx is not None:
         yield docs.tx

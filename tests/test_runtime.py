@@ -381,3 +381,24 @@ async def test_event_chain_limit_is_configurable():
         inst = rt.run(p)
         await inst.send("go", {"k": 0})
         assert inst.result.key("n").get() == 30
+
+
+async def test_a_computation_cannot_write_even_untracked():
+    from runtime import WriteInComputationError, signals
+
+    @pattern
+    def p():
+        n = cell(0, name="n")
+
+        def sneaky():
+            with signals.untracked():
+                n.set(5)
+            return 1
+
+        return {"n": n, "bad": computed(sneaky)}
+
+    async with Runtime() as rt:
+        inst = rt.run(p)
+        with pytest.raises(WriteInComputationError, match="untracked"):
+            inst.result.key("bad").get()
+        assert inst.result.key("n").get() == 0
