@@ -539,7 +539,7 @@ def print_table(results: dict[str, dict[str, dict]]) -> None:
     for scenario, row in results.items():
         o, k, x, c = row["ours"], row["reaktiv"], row["reactivex"], row["cells"]
         inc = "/".join(str(r.get("inconsistent", "-")) for r in (o, k, x, c))
-        over = _ratio(c, o)
+        over = _ratio(o, c)
         print(f"{scenario:<13} {_fmt(o):>10} {_fmt(k):>10} {_fmt(x):>10} "
               f"{_ratio(o, k):>13} {_ratio(o, x):>8} {_fmt(c):>9} {over:>10}   {inc}")
     print()
@@ -555,7 +555,7 @@ def print_table(results: dict[str, dict[str, dict]]) -> None:
     print("us/w: microseconds per write (cellx: per batch of 4; batch-1000: per batch of 1,000)."
           " ratios: peer time / our time, > 1 means we are faster.")
     print("ours: the reactive kernel (runtime.signals); cells: the same graph as stored and"
-          " computed cells, each write a committed transaction; cells/ours: its overhead.")
+          " computed cells, each write a committed transaction; cells/ours: its cost factor.")
 
 
 if __name__ == "__main__":

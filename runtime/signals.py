@@ -191,7 +191,7 @@ class Computed(Generic[T]):
                 raise _cycle(self, _G.active)
             if f & 1 or _check_dirty(self):
                 _refresh(self, _G.active)
-        elif self.epoch != _G.epoch and not self.subs:
+        elif not self.subs and self.epoch != _G.epoch:
             _refresh(self, _G.active)  # not live: no one told us about writes, so recompute
         a = _G.active
         if a is not None:
@@ -446,7 +446,7 @@ def _compute(node: Computed[Any], parent: Any, G: _State = _G) -> None:
     prev = G.active
     old = node.deps
     node.deps = new = []
-    node.flags = f0 | 4  # _RUNNING
+    node.flags = f0 | 4  # _RUNNING (nothing else touches its flags while fn runs)
     G.active = node
     G.depth += 1
     try:
@@ -475,7 +475,7 @@ def _compute(node: Computed[Any], parent: Any, G: _State = _G) -> None:
     else:
         G.depth -= 1
         G.active = prev
-        node.flags &= ~7
+        node.flags = f0 & ~3
         node.epoch = G.epoch
         if new != old and node.subs:
             _relink(node, old, new)
@@ -510,14 +510,19 @@ def _run_effect(e: Effect, G: _State = _G) -> None:
     finally:
         G.active = prev
         if new != old:
-            if e.deps is not new:  # it disposed itself: release what it is still subscribed to
-                for d in dict.fromkeys(old):
-                    if e in d.subs:
-                        _unlink(d, e)
-            else:
-                _relink(e, old, new)
-                if G.epoch != start:
-                    _recheck(e, old, new, start)
+            _settle_deps(e, old, new, start)
+
+
+def _settle_deps(e: Effect, old: list[Any], new: list[Any], start: int) -> None:
+    """After a run that read something different from last time: subscribe accordingly."""
+    if e.deps is not new:  # it disposed itself: release what it is still subscribed to
+        for d in dict.fromkeys(old):
+            if e in d.subs:
+                _unlink(d, e)
+    else:
+        _relink(e, old, new)
+        if _G.epoch != start:
+            _recheck(e, old, new, start)
 
 
 def _recheck(e: Effect, old: list[Any], new: list[Any], start: int) -> None:
@@ -596,6 +601,7 @@ def _flush(G: _State = _G) -> None:
     G.flushing = True
     q = G.queue
     i = 0
+    prev = G.active
     runs: dict[Effect, int] | None = None
     first_error: BaseException | None = None
     try:
@@ -604,8 +610,9 @@ def _flush(G: _State = _G) -> None:
             i += 1
             f = e.flags
             if not f & 16:
-                continue  # disposed while queued
-            e.flags = f & ~16
+                continue  # disposed while queued, or already run
+            # QUEUED stays set while we check: a dependency that changes must not queue it
+            # a second time; running it (or finding it clean) clears the flag.
             if f & 2 and not f & 1:  # PENDING only: did anything it read really change?
                 for d in e.deps:
                     fd = d.flags
@@ -622,25 +629,33 @@ def _flush(G: _State = _G) -> None:
                     elif fd & 128 and _update_signal(d) and e.flags & 1:
                         break
                 if not e.flags & 1:
-                    e.flags &= ~2
+                    e.flags &= ~18
                     continue
             if i > CYCLE_CHECK_AFTER:  # a long flush: start counting runs per effect
                 runs = runs if runs is not None else {}
                 runs[e] = n = runs.get(e, 0) + 1
                 if n > EFFECT_RUN_LIMIT:
                     raise _effect_cycle(runs)
+            # _run_effect, inlined: this is the hot loop of every propagation
+            old = e.deps
+            e.deps = new = []
+            e.flags = 8  # _EFFECT
+            start = G.epoch
+            G.active = e
             try:
-                _run_effect(e)
+                e.fn()
             except Exception as err:  # one failing effect must not starve the others
                 if first_error is None:
                     first_error = err
+            finally:
+                G.active = prev
+                if new != old:
+                    _settle_deps(e, old, new, start)
     except BaseException:
         # Interrupted (a cycle, KeyboardInterrupt): the effects not run yet stay queued for
         # the next flush. Dropping them would leave them (and the PENDING nodes above them)
         # marked stale, and stale nodes are never marked again: they would go deaf.
-        e = q[i - 1]
-        if e.flags & _STALE and not e.flags & 16:
-            e.flags |= 16
+        if i and q[i - 1].flags & 16:  # interrupted before it ran: still queued
             i -= 1
         raise
     finally:
