@@ -458,6 +458,10 @@ SCENARIOS: dict[str, tuple[Callable, int]] = {
     "batch-1000": (batch1000, 20),
 }
 
+# Values each observer must see per write when nothing is missed (a glitch-free library sees
+# exactly this many; one that glitches sees more). Fewer means updates were lost.
+EXPECTED_EMISSIONS = {"fanout-1000": 1000, "cellx-1000": 4, "cutoff": 0}
+
 
 def run_one(lib_name: str, scenario: str, writes: int) -> dict:
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
@@ -484,7 +488,8 @@ def run_one(lib_name: str, scenario: str, writes: int) -> dict:
     except RecursionError:
         return {"status": "RecursionError"}
     bad = sum(1 for v, want in seen if v != want)
-    out = {"status": "ok", "us": dt / writes * 1e6, "emissions": len(seen), "inconsistent": bad}
+    out = {"status": "ok", "us": dt / writes * 1e6, "emissions": len(seen), "inconsistent": bad,
+           "missed": max(EXPECTED_EMISSIONS.get(scenario, 1) * writes - len(seen), 0)}
     if scenario == "cellx-1000":
         before, after = extra[1]()
         out["ends"] = [before, after]
@@ -524,6 +529,11 @@ def _fmt(r: dict) -> str:
     return f"{r['us']:.1f}" if r.get("status") == "ok" else r.get("status", "?")
 
 
+def _glitches(r: dict) -> str:
+    missed = f" (missed {r['missed']})" if r.get("missed") else ""
+    return str(r.get("inconsistent", "-")) + missed
+
+
 def _ratio(ours: dict, peer: dict) -> str:
     if ours.get("status") != "ok" or peer.get("status") != "ok":
         return "-"
@@ -538,7 +548,7 @@ def print_table(results: dict[str, dict[str, dict]]) -> None:
     print("-" * len(head))
     for scenario, row in results.items():
         o, k, x, c = row["ours"], row["reaktiv"], row["reactivex"], row["cells"]
-        inc = "/".join(str(r.get("inconsistent", "-")) for r in (o, k, x, c))
+        inc = "/".join(_glitches(r) for r in (o, k, x, c))
         over = _ratio(o, c)
         print(f"{scenario:<13} {_fmt(o):>10} {_fmt(k):>10} {_fmt(x):>10} "
               f"{_ratio(o, k):>13} {_ratio(o, x):>8} {_fmt(c):>9} {over:>10}   {inc}")
@@ -552,6 +562,8 @@ def print_table(results: dict[str, dict[str, dict]]) -> None:
         r = results["cutoff"][lib]
         if "tail_runs" in r:
             print(f"cutoff {lib}: tail nodes ran {r['tail_runs']} times over all writes")
+    print("inconsistent: values an observer saw that the oracle does not produce for the"
+          " inputs at that moment; missed: updates an observer never saw.")
     print("us/w: microseconds per write (cellx: per batch of 4; batch-1000: per batch of 1,000)."
           " ratios: peer time / our time, > 1 means we are faster.")
     print("ours: the reactive kernel (runtime.signals); cells: the same graph as stored and"
