@@ -19,13 +19,14 @@ from .errors import (
 )
 from .pattern import Handler, Pattern, cell, computed, handler, lift, pattern
 from .runtime import Instance, Runtime
-from .storage import MemoryStore, SQLiteStore, Store
+from .storage import ConflictError, MemoryStore, SQLiteStore, Store
 
 __all__ = [
     "BindingError",
     "Cell",
     "CellError",
     "Change",
+    "ConflictError",
     "CycleError",
     "Handler",
     "Instance",

@@ -168,9 +168,10 @@ class Cell:
         Returns the unsubscribe function."""
         docs = self._docs
         subscribing = True
+        last: Any = MISSING
 
         def run() -> None:
-            nonlocal subscribing
+            nonlocal subscribing, last
             try:
                 value = self.get(None)
             except PathError:
@@ -182,6 +183,9 @@ class Cell:
                 return
             finally:
                 subscribing = False
+            if last is not MISSING and type(value) is type(last) and value == last:
+                return  # the document changed, not the value here
+            last = value
             with signals.untracked():
                 try:
                     callback(value)

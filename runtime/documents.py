@@ -18,7 +18,7 @@ from . import signals
 from .errors import CellError, PathError, SchemaError
 from .jsonpath import MISSING, Path, assign, copy_json, is_link, parse_pointer, pointer, step
 from .schema import validate
-from .storage import DocKey, Store, Write
+from .storage import ConflictError, DocKey, Store, Write
 
 if TYPE_CHECKING:
     from .cell import Stream
@@ -64,6 +64,8 @@ class Documents:
         self.store = store
         self._docs: dict[DocKey, Doc] = {}
         self.tx: Transaction | None = None
+        # bound handlers by their stream document: what a path that ends at a stream
+        # document (a builtin's "invoke this") resolves to
         self.streams: dict[DocKey, Stream] = {}
         self.listeners: list[Callable[[list[Change]], None]] = []
         self.errors: list[tuple[str, BaseException]] = []
@@ -94,7 +96,7 @@ class Documents:
                 doc.schema = schema
             if not overwrite or _same_json(doc.node.peek(), initial):
                 return doc
-        validate(initial, schema, f"{label or 'document'} (/{key.id})")
+        validate(initial, schema, f"initial value of {label or 'document'} (/{key.id})")
         versions = self.store.commit([Write(key, initial)])
         if doc is None:
             doc = Doc(key, signals.Signal(initial, label), schema, label, False)
@@ -108,6 +110,16 @@ class Documents:
         doc = Doc(key, signals.Computed(fn, label), None, label, True)
         self._docs[key] = doc
         return doc
+
+    def reload(self, keys: list[DocKey]) -> None:
+        """Catch up with the store (after a conflict: another writer changed these)."""
+        with signals.batch():
+            for key in keys:
+                doc = self._docs.get(key)
+                stored = self.store.load(key)
+                if doc is not None and stored is not None and not doc.derived:
+                    doc.version = stored.version
+                    doc.node.set(stored.value)
 
     def forget(self, key: DocKey) -> None:
         self._docs.pop(key, None)
@@ -155,12 +167,8 @@ class Documents:
                     raise PathError(f"link cycle while reading /{key.id}{pointer(path)}")
                 key, target = parse_link(value, key)
                 path = target + path[i:]
-                i = len(target)
+                i = 0
                 value = self.value(key)
-                for t in target:
-                    value = step(value, t)
-                    if value is MISSING:
-                        raise PathError(f"link {value!r} points at a missing path")
                 continue
             if i == len(path):
                 return key, path, value
@@ -182,6 +190,8 @@ class Documents:
                 if mark in seen:
                     return copy_json(value)  # a cycle of links: show the link itself
                 tkey, _, v = self.resolve(target, path)
+                if v is MISSING:
+                    return None  # a link to a key that does not exist (yet) reads as null
                 return self.materialize(v, tkey, seen | {mark})
             return {k: self.materialize(v, key, seen) for k, v in value.items()}
         if t is list:
@@ -190,12 +200,40 @@ class Documents:
 
 
 def parse_link(link: dict[str, Any], base: DocKey) -> tuple[DocKey, Path]:
-    """``{"@link": "/<id>/<path>", "scope": "user:alice"?}`` -> (document key, path)."""
-    tokens = parse_pointer(link["@link"])
+    """``{"@link": "/<id>/<path>", "scope": "user:alice"?}`` -> (document key, path).
+
+    A link may point only into its own space, at a scope as broad or as narrow as the
+    document holding it allows: shared documents link to shared ones; a user's documents
+    also to that user's; a session's also to its user's and its own. So a link someone
+    writes (or sends in an event) can never reach another user's or session's documents.
+    """
+    try:
+        tokens = parse_pointer(link["@link"])
+    except ValueError:
+        tokens = ()
     if not tokens or not tokens[0]:
-        raise PathError(f"malformed link {link!r}: expected {{'@link': '/<id>/<path>'}}")
+        raise PathError(f"malformed link {_short(link)}: expected {{'@link': '/<id>/<path>'}}")
     scope = link.get("scope", "")
+    if not isinstance(scope, str) or scope not in reachable_scopes(base.scope):
+        raise PathError(
+            f"link to /{tokens[0]} refused: its scope {_short(scope)} is not reachable from "
+            f"{'shared documents' if not base.scope else base.scope} (links may not cross "
+            "into another user's or session's documents)"
+        )
     return DocKey(base.space, scope, str(tokens[0])), tokens[1:]
+
+
+def reachable_scopes(scope: str) -> tuple[str, ...]:
+    """The scopes a document in ``scope`` may link to (see ``parse_link``)."""
+    if scope.startswith("session:"):
+        user, sep, _ = scope[len("session:"):].partition("/")
+        return ("", f"user:{user}", scope) if sep else ("", scope)
+    return ("", scope) if scope else ("",)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def make_link(key: DocKey, path: Path) -> dict[str, Any]:
@@ -208,8 +246,9 @@ def make_link(key: DocKey, path: Path) -> dict[str, Any]:
 def _missing(docs: Documents, key: DocKey, path: Path, parent: Any) -> str:
     where = f"/{key.id}{pointer(path)}"
     if type(parent) is dict:
-        keys = ", ".join(sorted(parent)) or "none"
-        return f"nothing at {where}: the object there has keys [{keys}]"
+        names = sorted(parent)
+        keys = ", ".join(names[:10]) + (f", ... ({len(names)} in all)" if len(names) > 10 else "")
+        return f"nothing at {where}: the object there has keys [{keys or 'none'}]"
     if type(parent) is list:
         return f"nothing at {where}: the list there has {len(parent)} items"
     return f"nothing at {where}: the value above it is {type(parent).__name__}, not a container"
@@ -228,6 +267,7 @@ class Transaction:
         self.writes: dict[DocKey, Any] = {}
         self.changes: list[tuple[DocKey, Path, Any, Any]] = []
         self.outbox: list[tuple[Stream, Any]] = []
+        self.after_commit: list[Callable[[], None]] = []  # e.g. async work a handler started
 
     def write(self, key: DocKey, path: Path, value: Any) -> None:
         doc = self.docs.doc(key)
@@ -251,33 +291,48 @@ class Transaction:
         self.changes.append((key, path, before, value))
 
     def commit(self) -> list[Change]:
+        """Apply every write or none, then tell listeners and run ``after_commit`` hooks."""
+        records = self._apply() if self.writes else []
+        hooks, self.after_commit = self.after_commit, []
+        for hook in hooks:
+            hook()
+        return records
+
+    def _apply(self) -> list[Change]:
         docs = self.docs
-        if not self.writes:
-            return []
         for key, root in self.writes.items():
             doc = docs.doc(key)
             if doc.schema is not None:
                 try:
-                    validate(root, doc.schema, doc.describe())
+                    validate(root, doc.schema, f"write to {doc.describe()}")
                 except SchemaError as e:
                     written = dict.fromkeys(
                         pointer(p) or "/" for k, p, _, _ in self.changes if k == key
                     )
                     e.args = (f"{e.args[0]}; nothing was committed (wrote {', '.join(written)})",)
                     raise
-        versions = docs.store.commit(
-            [Write(k, v, docs.doc(k).version) for k, v in self.writes.items()]
-        )
+        try:
+            versions = docs.store.commit(
+                [Write(k, v, docs.doc(k).version) for k, v in self.writes.items()]
+            )
+        except ConflictError:
+            docs.reload(list(self.writes))  # another writer got there first: catch up
+            raise
         with signals.batch():
             for key, root in self.writes.items():
                 doc = docs.doc(key)
                 doc.version = versions[key]
                 doc.node.set(root)
+        # copies: a listener that mutates a record must not reach the committed state
         records = [
-            Change(k.space, k.id, pointer(p), None if b is MISSING else b, a, k.scope)
+            Change(k.space, k.id, pointer(p), None if b is MISSING else copy_json(b),
+                   copy_json(a), k.scope)
             for k, p, b, a in self.changes
         ]
         self.writes = {}
         for listener in list(docs.listeners):
-            listener(records)
+            try:
+                listener(records)
+            except Exception as e:  # the commit stands; an observer's bug is reported
+                docs.report(e, f"on_commit listener {listener!r}")
         return records

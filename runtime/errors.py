@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .signals import CycleError, WriteInComputationError
 
 __all__ = [
@@ -26,11 +24,10 @@ class SchemaError(CellError, ValueError):
     """A value failed its schema. ``path`` is the JSON pointer inside the value, ``rule`` the
     JSON Schema keyword that failed (``type``, ``required``, ``minimum``...)."""
 
-    def __init__(self, message: str, *, path: str = "", rule: str = "", value: Any = None):
+    def __init__(self, message: str, *, path: str = "", rule: str = ""):
         super().__init__(message)
         self.path = path
         self.rule = rule
-        self.value = value
 
 
 class PathError(CellError, LookupError):

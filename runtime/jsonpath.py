@@ -11,7 +11,6 @@ from typing import Any
 Path = tuple[str | int, ...]
 
 LINK = "@link"
-STREAM = "$stream"
 
 
 class Missing:
@@ -57,10 +56,6 @@ def parse_pointer(text: str) -> Path:
 
 def is_link(value: Any) -> bool:
     return type(value) is dict and type(value.get(LINK)) is str
-
-
-def is_stream(value: Any) -> bool:
-    return type(value) is dict and value.get(STREAM) is True
 
 
 def step(value: Any, token: str | int) -> Any:

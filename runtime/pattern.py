@@ -55,6 +55,7 @@ class Builder:
         self.cause_id = cause_id
         self.scope = scope  # the instance's own scope key (narrowest of user / session)
         self.counters: dict[str, int] = {}
+        self.names: set[tuple[str, str]] = set()
         self.derived: list[DocKey] = []
         self.streams: list[Stream] = []
 
@@ -68,7 +69,7 @@ class Builder:
         if scope == "session":
             if self.session is None:
                 raise PatternError("a session-scoped cell needs rt.run(..., session=...)")
-            return f"session:{self.session}"
+            return session_scope(self.user, self.session)
         raise PatternError(f"unknown scope {scope!r}: use 'space', 'user' or 'session'")
 
     def key(self, kind: str, name: str | None, scope: str) -> DocKey:
@@ -76,11 +77,22 @@ class Builder:
             n = self.counters.get(kind, 0)
             self.counters[kind] = n + 1
             name = f"#{n}"
+        elif (kind, name) in self.names:
+            raise PatternError(
+                f"pattern {self.name} declares two nodes named {name!r}; names give documents "
+                "their identity, so each must be unique within the pattern"
+            )
+        self.names.add((kind, name))
         return DocKey(self.space, scope, derive(self.cause_id, kind, name))
 
     def label(self, kind: str, name: str | None) -> str:
         """A readable name for errors: ``todo.items`` or ``todo.cell#0``."""
         return f"{self.name}.{name}" if name else f"{self.name}.{kind}#{self.counters[kind] - 1}"
+
+
+def session_scope(user: str | None, session: str) -> str:
+    """A session's scope key names its user too, so sessions of two users never meet."""
+    return f"session:{user}/{session}" if user else f"session:{session}"
 
 
 # ---------------------------------------------------------------------------- builders

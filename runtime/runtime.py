@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
-from .cell import Cell, Stream
+from .cell import Cell, Stream, writing
 from .documents import Change, Documents
 from .errors import PatternError, StreamError
 from .ids import canonical, derive
 from .jsonpath import MISSING, check_json
-from .pattern import Builder, Pattern, _builder
+from .pattern import Builder, Pattern, _builder, session_scope
 from .scheduler import MAX_CHAIN, Scheduler
 from .storage import DocKey, Store, open_store
 
@@ -94,6 +95,8 @@ class Runtime:
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
                         tb: TracebackType | None) -> bool | None:
+        if et is None:
+            self.scheduler.drain()  # a clean exit runs what was queued: nothing is lost
         for inst in list(self._instances.values()):
             self.stop(inst)
         tg, self._tg = self._tg, None
@@ -133,16 +136,19 @@ class Runtime:
         if not isinstance(args, dict):
             raise PatternError(f"pattern arguments must be a dict, got {type(args).__name__}")
         args = {**check_json(pattern.defaults(), "pattern defaults"), **args}
+        if cause is not None:
+            cause = check_json(cause, "cause")
         cause_id = derive("instance", pattern.key, canonical(args) if cause is None else cause)
-        scope = f"session:{session}" if session else f"user:{user}" if user else ""
+        scope = session_scope(user, session) if session else f"user:{user}" if user else ""
         ident = (pattern.key, cause_id, space, scope)
         running = self._instances.get(ident)
         if running is not None:
             return running
         builder = Builder(self, pattern.name, space, user, session, cause_id, scope)
         arg_key = DocKey(space, scope, derive(cause_id, "argument"))
-        self.docs.declare(arg_key, args, pattern.argument_schema, f"{pattern.name} argument",
-                          overwrite=True)
+        # the arguments initialise the argument cell; after that it is state (edits made
+        # through inst.argument survive a restart)
+        self.docs.declare(arg_key, args, pattern.argument_schema, f"{pattern.name} argument")
         argument = Cell(self.docs, arg_key, (), pattern.argument_schema)
         params = pattern.bind_arguments(argument, args)
         token = _builder.set(builder)
@@ -204,8 +210,24 @@ class Runtime:
         Errors are reported in ``rt.errors``, never lost."""
         if self._tg is None:
             raise RuntimeError("async work needs a running runtime: use `async with Runtime()`")
+        if self._tg is None:
+            raise RuntimeError("async work needs a running runtime: use `async with Runtime()`")
         scope = anyio.CancelScope()
+        tx = self.docs.tx
+        if tx is not None:
+            # started by a handler: it starts only if (and once) the handler commits
+            tx.after_commit.append(lambda: self._start(fn, args, owner, name, scope))
+            return scope
+        self._start(fn, args, owner, name, scope)
+        return scope
+
+    def _start(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
+               owner: Instance | None, name: str, scope: anyio.CancelScope) -> None:
+        if self._tg is None:
+            raise RuntimeError("async work needs a running runtime: use `async with Runtime()`")
         if owner is not None:
+            if owner.stopped:
+                return
             owner._scopes.append(scope)
         self._inflight += 1
 
@@ -222,7 +244,11 @@ class Runtime:
                 self._poke()
 
         self._tg.start_soon(tracked, name=name)
-        return scope
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """``with rt.transaction():`` groups writes made outside handlers (by async work, a
+        turn) into one atomic commit: all of them, or none if the block raises."""
+        return writing(self.docs)
 
     def __repr__(self) -> str:
         return f"Runtime({self.store!r}, {len(self._instances)} instances)"

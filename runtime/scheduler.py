@@ -46,11 +46,14 @@ class Scheduler:
         self.current: Event | None = None
         self._draining = False
         self._wake = wake
+        self._tx: Transaction | None = None  # the running handler's transaction
 
     def enqueue(self, stream: Stream, payload: Any) -> Event:
         if stream.stopped:
             raise StreamError(f"{stream!r} belongs to a stopped instance; nothing will handle it")
         payload = check_json(payload, f"event for {stream.name}")
+        if stream.handler.event_schema is not None:  # the sender hears of a bad event now
+            validate(payload, stream.handler.event_schema, f"event for {stream.name}")
         tx = self._tx
         if tx is not None:
             # sent while a handler or its commit's sinks run: leaves, in the order sent, only
@@ -66,8 +69,6 @@ class Scheduler:
         self.queue.append(ev)
         self._wake()
         return ev
-
-    _tx: Transaction | None = None
 
     def drain(self) -> None:
         """Run queued events until the queue is empty (re-entrant calls return at once)."""
@@ -90,9 +91,7 @@ class Scheduler:
             if stream.stopped:
                 raise StreamError(f"{stream!r} was stopped before its event ran")
             handler = stream.handler
-            if handler.event_schema is not None:
-                validate(ev.payload, handler.event_schema, f"event for {stream.name}")
-            event = copy_json(ev.payload)
+            event = copy_json(ev.payload)  # validated when it was sent
             if handler.event_model is not None:
                 event = handler.event_model.model_validate(event)
             with signals.untracked():

@@ -40,19 +40,21 @@ def _validator(text: str) -> jsonschema.protocols.Validator:
 
 
 def validate(value: Any, schema: dict[str, Any] | None, where: str) -> None:
-    """Raise ``SchemaError`` naming the path inside ``value`` and the rule that failed."""
+    """Raise ``SchemaError`` naming the path inside ``value`` and the rule that failed;
+    ``where`` completes "invalid ...", e.g. ``"write to todo.items (/ab12)"``."""
     if schema is None:
         return
     error = jsonschema.exceptions.best_match(_validator(canonical(schema)).iter_errors(value))
     if error is None:
         return
     path = pointer(tuple(error.absolute_path))
+    detail = error.message  # it quotes the bad value: keep it short (values may be large)
+    if len(detail) > 160:
+        detail = detail[:157] + "..."
     raise SchemaError(
-        f"invalid write to {where}: at {path or '/'} {error.message} "
-        f"(schema rule {error.validator!r})",
+        f"invalid {where}: at {path or '/'} {detail} (schema rule {error.validator!r})",
         path=path,
         rule=str(error.validator),
-        value=error.instance,
     )
 
 

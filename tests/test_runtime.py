@@ -247,7 +247,7 @@ async def test_scopes_give_one_copy_per_user_and_session():
         assert a.result.key("mine").get() == ["from one"]
         assert b.result.key("mine").get() == ["from two"]
         assert a.result.key("shared").get() == ["from one", "from two"]
-        assert a.result.key("mine").resolve().scope == "session:one"
+        assert a.result.key("mine").resolve().scope == "session:u1/one"
         # spaces are isolated: the same pattern in another space starts empty
         c = rt.run(notes, space="other", user="u1", session="one")
         assert c.result.key("shared").get() == []
