@@ -537,6 +537,8 @@ def _glitches(r: dict) -> str:
 def _ratio(ours: dict, peer: dict) -> str:
     if ours.get("status") != "ok" or peer.get("status") != "ok":
         return "-"
+    if ours.get("missed") or peer.get("missed"):
+        return "-"  # a run that lost updates did less work: no fair ratio
     return f"{peer['us'] / ours['us']:.2f}"
 
 
