@@ -53,6 +53,12 @@ class Instance:
     async def send(self, name: str, event: Any) -> None:
         """Send ``event`` to the stream ``name`` and run it (and anything queued before it).
         Raises the handler's error if it failed; the failed handler committed nothing."""
+        if self.runtime.docs.tx is not None:
+            raise StreamError(
+                f"await send({name!r}) inside an open transaction would run the handler in "
+                "the middle of it: send after the `with rt.transaction()` block, or queue the "
+                f"event with inst.stream({name!r}).send(event)"
+            )
         ev = self.runtime.scheduler.enqueue(self.stream(name), event)
         ev.awaited = True
         self.runtime.scheduler.drain()
@@ -190,6 +196,11 @@ class Runtime:
     async def settled(self) -> None:
         """Return when no graph work is runnable and no async work (LLM turns, tool runs)
         is in flight."""
+        if self.docs.tx is not None:
+            raise RuntimeError(
+                "settled() inside an open transaction would wait for events that cannot run "
+                "until it commits: call it after the `with rt.transaction()` block"
+            )
         while True:
             self.scheduler.drain()
             if not self._inflight and not self.scheduler.queue:

@@ -71,8 +71,9 @@ class Scheduler:
         return ev
 
     def drain(self) -> None:
-        """Run queued events until the queue is empty (re-entrant calls return at once)."""
-        if self._draining:
+        """Run queued events until the queue is empty (re-entrant calls return at once, and
+        so does a call made while a transaction is open: its events wait for the commit)."""
+        if self._draining or self.docs.tx is not None:
             return
         self._draining = True
         try:

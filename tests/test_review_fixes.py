@@ -10,6 +10,7 @@ from runtime import (
     PatternError,
     Runtime,
     SchemaError,
+    StreamError,
     cell,
     handler,
     pattern,
@@ -248,3 +249,23 @@ async def test_bad_events_are_refused_when_sent_and_messages_stay_short():
         assert "event for setn" in str(e.value)
         assert len(str(e.value)) < 400
         assert not rt.scheduler.queue
+
+
+async def test_events_wait_for_an_open_transaction():
+    @pattern
+    def p():
+        items = cell([], name="items")
+        return {"items": items, "add": save_item(items=items), "n": cell(0, name="n")}
+
+    async with Runtime() as rt:
+        inst = rt.run(p)
+        with rt.transaction():
+            inst.result.key("n").set(1)
+            inst.stream("add").send({"t": "queued"})
+            await rt.idle()  # must not run the handler inside the open transaction
+            assert inst.result.key("items").get() == []
+            with pytest.raises(StreamError, match="open transaction"):
+                await inst.send("add", {"t": "now"})
+        await rt.idle()
+        assert inst.result.get()["items"] == ["queued"]
+        assert inst.result.key("n").get() == 1
