@@ -287,22 +287,31 @@ def untracked() -> Iterator[None]:
 
 
 def _propagate(subs: list[Any]) -> None:
-    """Mark everything downstream of a change PENDING; queue the effects reached."""
+    """Mark everything downstream of a change PENDING; queue the effects reached.
+
+    A node with a single subscriber (a chain link, a fan-out leaf) is followed in place
+    instead of through the stack: most of a graph's edges are of that kind."""
     q = _G.queue
     stack = [subs]
     while stack:
         for s in stack.pop():
-            f = s.flags
-            if f & 3:  # _STALE: its downstream is already marked
-                continue
-            if f & 8:  # _EFFECT
-                s.flags = f | 18  # _PENDING | _QUEUED
-                if not f & 16:
-                    q.append(s)
-            else:
+            while True:
+                f = s.flags
+                if f & 3:  # _STALE: its downstream is already marked
+                    break
+                if f & 8:  # _EFFECT
+                    s.flags = f | 18  # _PENDING | _QUEUED
+                    if not f & 16:
+                        q.append(s)
+                    break
                 s.flags = f | 2
-                if s.subs:
-                    stack.append(s.subs)
+                down = s.subs
+                if len(down) == 1:
+                    s = down[0]
+                    continue
+                if down:
+                    stack.append(down)
+                break
 
 
 def _update_signal(s: Signal[Any]) -> bool:
