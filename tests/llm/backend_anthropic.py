@@ -10,7 +10,6 @@ import base64
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import httpx
 
@@ -18,7 +17,7 @@ from runtime.llm import Model, RetryPolicy
 from runtime.llm.providers.anthropic import AnthropicModel
 
 from .fake_anthropic import FakeAnthropic, FakeStep
-from .harness import CacheLayout
+from .harness import CacheLayout, FakeServerRecords
 from .jsonspans import items, members
 
 API_KEY = "sk-ant-fake-0123456789abcdef"
@@ -28,7 +27,7 @@ MODEL = "claude-sonnet-4-5"
 MESSAGE_MARKER = ',"cache_control":{"type":"ephemeral"}'
 _PORT_BLOCKS = {"text", "tool_use", "tool_result", "image"}
 
-class AnthropicBackend:
+class AnthropicBackend(FakeServerRecords):
     name = "anthropic"
 
     def __init__(self, fake: FakeAnthropic) -> None:
@@ -46,18 +45,6 @@ class AnthropicBackend:
     @property
     def base_url(self) -> str:
         return self.fake.url
-
-    def client_ports(self) -> list[int]:
-        return [ex.handler.client_address[1] for ex in self.fake.exchanges]
-
-    def closed_by_client(self, index: int, timeout: float) -> bool:
-        return self.fake.exchanges[index].closed_by_client.wait(timeout)
-
-    def sent(self) -> list[dict[str, Any]]:
-        return [r.body for r in self.fake.requests]
-
-    def sent_raw(self) -> list[bytes]:
-        return [r.raw for r in self.fake.requests]
 
     def cache_layout(self, index: int) -> CacheLayout:
         body = self.sent()[index]

@@ -21,7 +21,7 @@ from runtime.llm import OpaqueBlock, Request, Response, RetryPolicy, StreamEvent
 from runtime.llm.providers.openai import OpenAIModel, encode_request
 
 from .fake_openai import FakeOpenAI
-from .harness import CacheLayout
+from .harness import CacheLayout, FakeServerRecords
 from .jsonspans import Span, items, members, skip
 from .steps import Step
 
@@ -69,7 +69,7 @@ class _RecordingModel(OpenAIModel):
         return super().stream(request)
 
 
-class OpenAIBackend:
+class OpenAIBackend(FakeServerRecords):
     name = "openai"
 
     def __init__(self, fake: FakeOpenAI) -> None:
@@ -97,18 +97,6 @@ class OpenAIBackend:
     @property
     def base_url(self) -> str:
         return self.fake.base_url
-
-    def client_ports(self) -> list[int]:
-        return [ex.handler.client_address[1] for ex in self.fake.exchanges]
-
-    def closed_by_client(self, index: int, timeout: float) -> bool:
-        return self.fake.exchanges[index].closed_by_client.wait(timeout)
-
-    def sent(self) -> list[dict[str, Any]]:
-        return [r.body for r in self.fake.requests]
-
-    def sent_raw(self) -> list[bytes]:
-        return [r.raw for r in self.fake.requests]
 
     def _text(self, index: int) -> tuple[str, dict[str, Span]]:
         text = self.fake.requests[index].raw.decode()

@@ -75,6 +75,24 @@ class AdapterBackend(Backend, Protocol):
         seconds (blocking: call it from a worker thread)."""
 
 
+class FakeServerRecords:
+    """What both adapter backends answer the same way from their fake's recorded exchanges."""
+
+    fake: Any
+
+    def client_ports(self) -> list[int]:
+        return [ex.handler.client_address[1] for ex in self.fake.exchanges]
+
+    def closed_by_client(self, index: int, timeout: float) -> bool:
+        return self.fake.exchanges[index].closed_by_client.wait(timeout)
+
+    def sent(self) -> list[dict[str, Any]]:
+        return [r.body for r in self.fake.requests]
+
+    def sent_raw(self) -> list[bytes]:
+        return [r.raw for r in self.fake.requests]
+
+
 # -- retry policies that never wait (every module of the suite uses them) ----------------
 
 
