@@ -264,6 +264,27 @@ class Harness:
         for o in self.observers:
             o.runs = []
 
+    def apply(self, step: Any) -> None:
+        """Carry out one step: a write, a batch of writes, a new effect or a disposal."""
+        kind = step[0]
+        if kind == "write":
+            _, i, v = step
+            self.nodes[i].set(v)
+            self.src[i] = v
+        elif kind == "batch":
+            with batch():
+                for i, v in step[1]:
+                    self.nodes[i].set(v)
+                    self.src[i] = v
+        elif kind == "effect":
+            self.observers.append(Observer(step[1], self.nodes))
+        else:
+            live = self.live()
+            if live:
+                o = live[step[1] % len(live)]
+                o.effect.dispose()
+                o.alive = False
+
     def live(self) -> list[Observer]:
         return [o for o in self.observers if o.alive]
 
@@ -319,24 +340,7 @@ def run_scenario(scenario: tuple[int, list[Spec], list[EffectSpec], list[Any]]) 
     for step, reads in steps:
         before = {o: o.last for o in h.observers}
         h.reset()
-        kind = step[0]
-        if kind == "write":
-            _, i, v = step
-            h.nodes[i].set(v)
-            h.src[i] = v
-        elif kind == "batch":
-            with batch():
-                for i, v in step[1]:
-                    h.nodes[i].set(v)
-                    h.src[i] = v
-        elif kind == "effect":
-            h.observers.append(Observer(step[1], h.nodes))
-        else:
-            live = h.live()
-            if live:
-                o = live[step[1] % len(live)]
-                o.effect.dispose()
-                o.alive = False
+        h.apply(step)
         h.check(step, before)
         h.check_reads(reads)
 
@@ -376,22 +380,7 @@ def test_random_graphs_with_writing_effects_settle_on_the_oracle(scenario: Any, 
 
     settled()
     for step, _ in steps:
-        kind = step[0]
-        if kind == "write":
-            _, i, v = step
-            h.nodes[i].set(v)
-            h.src[i] = v
-        elif kind == "batch":
-            with batch():
-                for i, v in step[1]:
-                    h.nodes[i].set(v)
-                    h.src[i] = v
-        elif kind == "effect":
-            h.observers.append(Observer(step[1], h.nodes))
-        elif h.live():
-            o = h.live()[step[1] % len(h.live())]
-            o.effect.dispose()
-            o.alive = False
+        h.apply(step)
         settled()
 
 
