@@ -35,7 +35,7 @@ TIMEOUT = 60  # seconds per (scenario, library); reaktiv on cellx-1000 runs for 
 
 class Ours:
     def __init__(self) -> None:
-        from runtime import signals
+        from runtime.cells import signals
 
         self.s = signals
 
@@ -60,8 +60,9 @@ class OursCells:
     gap to ``Ours`` is the price of documents and durability on top of the kernel."""
 
     def __init__(self) -> None:
-        from runtime import Runtime, cell, computed, signals
-        from runtime.cell import writing
+        from runtime import Runtime, cell, computed
+        from runtime.cells import signals
+        from runtime.cells.cell import writing
 
         self.rt = Runtime()
         self._cell, self._computed, self._signals, self._writing = cell, computed, signals, writing

@@ -1,43 +1,92 @@
 """celldialog's runtime: a reactive graph of JSON cells, persisted, with LLM builtins.
 
-Layers (see docs/architecture.md): ``signals`` is the reactive kernel; documents, cells,
-transactions, the scheduler and patterns build the cell graph on it; ``storage`` persists
-documents; ``llm`` is the provider-agnostic LLM port, which knows nothing of cells.
+The rooms (see docs/architecture.md), each knowing only those below it:
+``cells`` (the reactive kernel and the cell graph) with ``storage``; ``llm`` (the LLM port,
+which knows nothing of cells); ``builtins`` joining the two. ``errors`` is the one error
+tree all of them share.
+
+This package is the public API. Its names load lazily, so ``import runtime.llm`` does not
+pay for the cell graph (anyio, jsonschema, sqlite3) and the reverse.
 """
 
-from .cell import Cell, Stream
-from .documents import Change
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     BindingError,
+    CelldialogError,
     CellError,
+    ClosedError,
+    ConflictError,
     CycleError,
+    LinkError,
+    NotJSONError,
     PathError,
     PatternError,
+    ReadOnlyError,
     SchemaError,
+    ScopeError,
+    StorageError,
+    StoreBusyError,
+    StoreClosedError,
     StreamError,
     WriteInComputationError,
 )
-from .pattern import Handler, Pattern, cell, computed, handler, lift, pattern
-from .runtime import Instance, Runtime
-from .storage import ConflictError, MemoryStore, SQLiteStore, Store
+
+if TYPE_CHECKING:
+    from .cells import (
+        Cell,
+        Change,
+        Handler,
+        Instance,
+        Pattern,
+        Runtime,
+        Stream,
+        cell,
+        computed,
+        handler,
+        lift,
+        pattern,
+    )
+    from .storage import MemoryStore, SQLiteStore, Store
+
+_LAZY = {
+    **dict.fromkeys(
+        ("Cell", "Change", "Handler", "Instance", "Pattern", "Runtime", "Stream", "cell",
+         "computed", "handler", "lift", "pattern"),
+        "runtime.cells",
+    ),
+    **dict.fromkeys(("MemoryStore", "SQLiteStore", "Store"), "runtime.storage"),
+}
 
 __all__ = [
     "BindingError",
     "Cell",
     "CellError",
+    "CelldialogError",
     "Change",
+    "ClosedError",
     "ConflictError",
     "CycleError",
     "Handler",
     "Instance",
+    "LinkError",
     "MemoryStore",
+    "NotJSONError",
     "PathError",
     "Pattern",
     "PatternError",
+    "ReadOnlyError",
     "Runtime",
     "SQLiteStore",
     "SchemaError",
+    "ScopeError",
+    "StorageError",
     "Store",
+    "StoreBusyError",
+    "StoreClosedError",
     "Stream",
     "StreamError",
     "WriteInComputationError",
@@ -47,3 +96,16 @@ __all__ = [
     "lift",
     "pattern",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

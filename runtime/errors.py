@@ -1,23 +1,70 @@
-"""Errors the cell runtime raises. Each names what was wrong and how to fix it."""
+"""Every error celldialog raises, in one tree. Each message names what was wrong and the fix.
+
+    CelldialogError                   the base: ``except CelldialogError`` catches all of ours
+    ├── CellError                     the cell graph (runtime.cells)
+    │   ├── SchemaError               a value failed its schema (also: a schema that is invalid)
+    │   ├── NotJSONError              a value JSON cannot hold: a set, NaN, a cycle, too deep
+    │   ├── PathError                 a read of a path or document that does not exist
+    │   │   └── LinkError             a malformed link, a link cycle, a link that crosses scopes
+    │   ├── ScopeError                a user or session id that is empty or not a string
+    │   ├── BindingError              a handler bound to something that is not a cell
+    │   ├── StreamError               an event for an unknown or stopped stream
+    │   ├── PatternError              a pattern or handler used wrongly
+    │   ├── ReadOnlyError             a write to a computed cell or an instance's result
+    │   ├── WriteInComputationError   a computation (lift, computed) tried to write
+    │   ├── CycleError                computations or events that trigger themselves forever
+    │   └── ClosedError               the runtime was used after it closed
+    ├── StorageError                  a store failed (runtime.storage)
+    │   ├── ConflictError             another writer changed the document first: retry
+    │   ├── StoreBusyError            the database stayed locked longer than the busy timeout
+    │   └── StoreClosedError          the store was used after it was closed
+    └── (the LLM port, runtime.llm.errors)
+        ├── LLMError                  a model call failed; ``fault`` says if retrying can help
+        └── ConfigurationError        an unknown model, a missing key, an unusable URL or key
+
+Errors of the libraries underneath (``sqlite3``, ``jsonschema``, ``httpx``) never escape
+bare: they are wrapped in one of these, with the original as ``__cause__``. The builtin bases
+(``ValueError``, ``LookupError``, ``TypeError``, ``RuntimeError``) are kept beside ours so
+code that caught those before keeps working.
+
+This module imports nothing: every layer may use it.
+"""
 
 from __future__ import annotations
 
-from .signals import CycleError, WriteInComputationError
+from typing import Any
 
 __all__ = [
     "BindingError",
     "CellError",
+    "CelldialogError",
+    "ClosedError",
+    "ConflictError",
     "CycleError",
+    "LinkError",
+    "NotJSONError",
     "PathError",
     "PatternError",
+    "ReadOnlyError",
     "SchemaError",
+    "ScopeError",
+    "StorageError",
+    "StoreBusyError",
+    "StoreClosedError",
     "StreamError",
     "WriteInComputationError",
 ]
 
 
-class CellError(Exception):
-    """Base class of the runtime's own errors."""
+class CelldialogError(Exception):
+    """The base of every error celldialog raises."""
+
+
+# ---------------------------------------------------------------------------- the cell graph
+
+
+class CellError(CelldialogError):
+    """The cell graph's errors."""
 
 
 class SchemaError(CellError, ValueError):
@@ -30,8 +77,22 @@ class SchemaError(CellError, ValueError):
         self.rule = rule
 
 
+class NotJSONError(CellError, TypeError):
+    """A value that is not JSON: a type JSON lacks, NaN or infinity, a non-string key, a
+    value that contains itself, or one nested deeper than the runtime allows."""
+
+
 class PathError(CellError, LookupError):
-    """A read of a path that does not exist, or a link to a missing document."""
+    """A read of a path that does not exist, or of a document that was never created."""
+
+
+class LinkError(PathError):
+    """A link that cannot be followed: malformed, cyclic, or crossing into a scope the
+    document holding it may not reach."""
+
+
+class ScopeError(CellError, ValueError):
+    """A user or session id that cannot name a scope."""
 
 
 class BindingError(CellError, TypeError):
@@ -43,4 +104,45 @@ class StreamError(CellError, LookupError):
 
 
 class PatternError(CellError, TypeError):
-    """A pattern used wrongly: bad arguments, builders called outside a pattern."""
+    """A pattern or handler used wrongly: bad arguments, builders called outside a pattern,
+    an ``async def`` handler."""
+
+
+class ReadOnlyError(CellError, TypeError):
+    """A write to something only the runtime writes: a computed cell, an instance's result."""
+
+
+class WriteInComputationError(CellError, RuntimeError):
+    """Computations are pure: they read, never write."""
+
+
+class CycleError(CellError, RuntimeError):
+    """A computation that depends on itself, or effects or events that re-trigger each
+    other forever. ``nodes`` names what takes part in the loop."""
+
+    def __init__(self, message: str, nodes: list[Any]) -> None:
+        super().__init__(message)
+        self.nodes = nodes
+
+
+class ClosedError(CellError, RuntimeError):
+    """The runtime was used after its ``async with`` block ended."""
+
+
+# ---------------------------------------------------------------------------- storage
+
+
+class StorageError(CelldialogError, RuntimeError):
+    """A store could not do what was asked; nothing was committed."""
+
+
+class ConflictError(StorageError):
+    """A conditional write found a different version than it expected; nothing committed."""
+
+
+class StoreBusyError(StorageError):
+    """The database stayed locked by another writer for longer than the busy timeout."""
+
+
+class StoreClosedError(StorageError):
+    """The store was used after ``close()``."""

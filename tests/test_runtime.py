@@ -384,7 +384,8 @@ async def test_event_chain_limit_is_configurable():
 
 
 async def test_a_computation_cannot_write_even_untracked():
-    from runtime import WriteInComputationError, signals
+    from runtime import WriteInComputationError
+    from runtime.cells import signals
 
     @pattern
     def p():

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime import signals
-from runtime.signals import (
+from runtime.cells import signals
+from runtime.cells.signals import (
     Computed,
     CycleError,
     Effect,

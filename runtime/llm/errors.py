@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from ..errors import CelldialogError
+
 
 class Fault(StrEnum):
     TRANSIENT = "transient"  # retry with backoff: rate limits, overload, 5xx, dropped connections
@@ -25,7 +27,7 @@ def retry_class(status: int, quota_exhausted: bool = False) -> Fault:
     return Fault.TERMINAL
 
 
-class LLMError(Exception):
+class LLMError(CelldialogError):
     """An error raised by the port. Never carries an API key.
 
     ``fault`` says whether a retry may help; ``provider`` and ``status`` say where it came
@@ -64,5 +66,5 @@ class LLMError(Exception):
         )
 
 
-class ConfigurationError(ValueError):
+class ConfigurationError(CelldialogError, ValueError):
     """Bad configuration: an unknown model name, a missing key, an unsafe base URL."""

@@ -11,6 +11,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from ..errors import ConflictError
+
+__all__ = ["ConflictError", "DocKey", "Store", "Stored", "Write"]
+
 
 class DocKey(NamedTuple):
     """Where a document lives: its space, its scope key ("" shared, "user:<u>",
@@ -31,10 +35,6 @@ class Write:
     key: DocKey
     value: Any
     expect: int | None = None  # the version this write was based on; None: unconditional
-
-
-class ConflictError(RuntimeError):
-    """A conditional write found a different version than it expected; nothing committed."""
 
 
 class Store(Protocol):

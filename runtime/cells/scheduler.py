@@ -12,9 +12,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..errors import CycleError, StreamError
 from . import signals
 from .documents import Documents, Transaction
-from .errors import CycleError, StreamError
 from .jsonpath import check_json, copy_json
 from .schema import validate
 

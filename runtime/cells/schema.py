@@ -8,7 +8,7 @@ from typing import Any
 import jsonschema
 from pydantic import TypeAdapter
 
-from .errors import SchemaError
+from ..errors import SchemaError
 from .ids import canonical
 from .jsonpath import pointer
 

@@ -6,12 +6,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ..errors import CellError, PathError, WriteInComputationError
+from ..storage import DocKey
 from . import signals
 from .documents import Documents, Transaction, _missing, make_link
-from .errors import CellError, PathError, WriteInComputationError
 from .jsonpath import MISSING, Path, check_json, copy_json, pointer
 from .schema import subschema
-from .storage import DocKey
 
 if TYPE_CHECKING:
     from .pattern import Handler
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 @contextmanager
 def writing(docs: Documents) -> Iterator[Transaction]:
     """The open transaction (inside a handler), or a new one committed on exit."""
-    if signals._G.depth:  # a computation is running (even under untracked() or peek())
-        who = signals._G.active
+    if signals.in_computation():  # even under untracked() or peek()
+        who = signals.current_subscriber()
         what = f"{who!r}" if who is not None else "a computation (inside untracked())"
         raise WriteInComputationError(
             f"{what} tried to write a cell; computations must be pure: write from a handler "

@@ -11,14 +11,14 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from ..errors import PatternError, StreamError
+from ..storage import DocKey, Store, open_store
 from .cell import Cell, Stream, writing
 from .documents import Change, Documents
-from .errors import PatternError, StreamError
 from .ids import canonical, derive
 from .jsonpath import MISSING, check_json
 from .pattern import Builder, Pattern, _builder, session_scope
 from .scheduler import MAX_CHAIN, Scheduler
-from .storage import DocKey, Store, open_store
 
 
 class Instance:

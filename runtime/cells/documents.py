@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import CellError, PathError, SchemaError
+from ..storage import ConflictError, DocKey, Store, Write
 from . import signals
-from .errors import CellError, PathError, SchemaError
 from .jsonpath import MISSING, Path, assign, copy_json, is_link, parse_pointer, pointer, step
 from .schema import validate
-from .storage import ConflictError, DocKey, Store, Write
 
 if TYPE_CHECKING:
     from .cell import Stream
@@ -147,7 +147,7 @@ class Documents:
         """The document's value: the open transaction's version for the handler that owns
         it, the committed one (tracked by the kernel) for everyone else."""
         tx = self.tx
-        if tx is not None and signals._G.active is None:
+        if tx is not None and signals.current_subscriber() is None:
             v = tx.writes.get(key, MISSING)
             if v is not MISSING:
                 return v

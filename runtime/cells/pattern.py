@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel
 
+from ..errors import BindingError, PatternError
+from ..storage import DocKey
 from .cell import Cell, Stream
-from .errors import BindingError, PatternError
 from .ids import derive
 from .jsonpath import check_json
 from .schema import SchemaLike, to_json_schema
-from .storage import DocKey
 
 if TYPE_CHECKING:
     from .runtime import Runtime

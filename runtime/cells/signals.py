@@ -34,6 +34,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
+from ..errors import CycleError, WriteInComputationError
+from .equality import same
+
 T = TypeVar("T")
 
 __all__ = [
@@ -44,6 +47,8 @@ __all__ = [
     "Signal",
     "WriteInComputationError",
     "batch",
+    "current_subscriber",
+    "in_computation",
     "untracked",
 ]
 
@@ -60,18 +65,6 @@ _STALE = _DIRTY | _PENDING
 MAX_DEPTH = 64  # nested first-time computations before the driver takes over
 EFFECT_RUN_LIMIT = 1000  # runs of one effect within one flush before we call it a cycle
 CYCLE_CHECK_AFTER = 100_000  # effect runs in one flush before we start counting per effect
-
-
-class CycleError(RuntimeError):
-    """A computation that depends on itself, or effects that re-trigger each other forever."""
-
-    def __init__(self, message: str, nodes: list[Any]) -> None:
-        super().__init__(message)
-        self.nodes = nodes
-
-
-class WriteInComputationError(RuntimeError):
-    """Computations are pure: they read, never write."""
 
 
 class _Suspend(BaseException):  # not an Exception: user code's `except Exception` must not eat it
@@ -92,6 +85,17 @@ class _State:
 
 
 _G = _State()
+
+
+def current_subscriber() -> Computed[Any] | Effect | None:
+    """The computation or effect whose reads are being tracked now, if any."""
+    return _G.active
+
+
+def in_computation() -> bool:
+    """Whether a computation is running (also under ``untracked()`` or inside ``peek()``):
+    the cell layer refuses writes then, because computations are pure."""
+    return _G.depth > 0
 
 
 _UNSET: Any = type("_Unset", (), {"__repr__": lambda self: "<unset>"})()
@@ -140,7 +144,7 @@ class Signal(Generic[T]):
                     "computations must be pure; write from a handler or an effect instead"
                 )
         old = self._value
-        if value is old or (type(value) is type(old) and value == old):
+        if value is old or same(value, old):
             return
         self._value = value
         G.epoch += 1
@@ -150,6 +154,29 @@ class Signal(Generic[T]):
                 self.flags = _CHANGED
                 self.prev = old
                 _propagate(self.subs)
+            if not G.batch:
+                _flush()
+
+    def mutated(self) -> None:
+        """The value object was changed in place (a commit appended to a list it holds):
+        notify as a write would, with no equality check (there is no old value to compare)."""
+        G = _G
+        if G.depth:
+            a = G.active
+            if a is None or not a.flags & _EFFECT:
+                raise WriteInComputationError(
+                    f"{'a computation' if a is None else a!r} tried to write {self!r}: "
+                    "computations must be pure; write from a handler or an effect instead"
+                )
+        G.epoch += 1
+        self.version = G.epoch
+        if self.subs:
+            if not self.flags:
+                self.flags = _CHANGED
+                self.prev = _UNSET  # never the same as the value: subscribers see a change
+                _propagate(self.subs)
+            else:
+                self.prev = _UNSET
             if not G.batch:
                 _flush()
 
@@ -321,7 +348,7 @@ def _update_signal(s: Signal[Any]) -> bool:
     old = s.prev
     s.prev = None
     v = s._value
-    if v is old or (type(v) is type(old) and v == old):
+    if v is old or same(v, old):
         return False  # written and written back within one batch or flush
     for sub in s.subs:
         f = sub.flags
@@ -490,7 +517,7 @@ def _compute(node: Computed[Any], parent: Any, G: _State = _G) -> None:
             _relink(node, old, new)
         old_value = node.value
         if node.error is None:
-            if value is old_value or (type(value) is type(old_value) and value == old_value):
+            if value is old_value or same(value, old_value):
                 return  # value gate: nothing downstream needs to know
         else:
             node.error = None

@@ -1,0 +1,65 @@
+"""Strict equality for the values the graph holds: one definition for the kernel's value
+gate, documents and sinks alike.
+
+Python's ``==`` says ``[1] == [True]`` and ``1 == 1.0``; JSON says they differ, and a gate
+that agreed with Python would leave the kernel showing ``[1]`` while the store holds
+``[true]``. Here two values are the same when they have the same type at every level and
+equal scalars.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["same"]
+
+
+def same(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are identical, or of one type all the way down with equal scalars."""
+    if a is b:
+        return True
+    t = type(a)
+    if t is not type(b):
+        return False
+    if t is list or t is tuple:
+        return len(a) == len(b) and _same_items(a, b)
+    if t is dict:
+        return len(a) == len(b) and _same_items(a, b)
+    return a == b
+
+
+def _same_items(a: Any, b: Any) -> bool:
+    """Containers of equal length: compare iteratively (deep values must not recurse)."""
+    stack: list[tuple[Any, Any]] = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if type(x) is dict:
+            for k, v in x.items():
+                if k not in y:
+                    return False
+                w = y[k]
+                if v is w:
+                    continue
+                tv = type(v)
+                if tv is not type(w):
+                    return False
+                if tv is dict or tv is list or tv is tuple:
+                    if len(v) != len(w):
+                        return False
+                    stack.append((v, w))
+                elif v != w:
+                    return False
+        else:
+            for v, w in zip(x, y, strict=True):
+                if v is w:
+                    continue
+                tv = type(v)
+                if tv is not type(w):
+                    return False
+                if tv is dict or tv is list or tv is tuple:
+                    if len(v) != len(w):
+                        return False
+                    stack.append((v, w))
+                elif v != w:
+                    return False
+    return True
