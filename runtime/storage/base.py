@@ -30,11 +30,29 @@ class Stored(NamedTuple):
     version: int
 
 
+Path = tuple[str | int, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Write:
+    """One document's change in a commit.
+
+    ``expect`` is the version the change was based on: ``None`` writes unconditionally, ``0``
+    creates the document only if it does not exist yet, ``n`` requires version ``n``.
+
+    ``patch``, when given, is the same change as a sequence of ``(path, value)``
+    assignments to the document at version ``expect`` (parents exist; a list index equal to
+    the length appends; the empty path replaces the whole value). A store may persist the
+    patch instead of the whole value, so a write costs what it changes, not the size of the
+    document. A patch needs ``expect`` (it applies to a known version) and ``value`` is then
+    ignored (pass ``None``). Stores never keep a reference to a value handed to them, nor
+    hand out one they keep: the runtime changes its own copy in place after a commit.
+    """
+
     key: DocKey
     value: Any
-    expect: int | None = None  # the version this write was based on; None: unconditional
+    expect: int | None = None
+    patch: tuple[tuple[Path, Any], ...] | None = None
 
 
 class Store(Protocol):
