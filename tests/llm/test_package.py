@@ -44,3 +44,16 @@ def test_importing_the_port_does_not_load_the_adapters() -> None:
         "assert 'httpx' in sys.modules and 'runtime.llm.providers.anthropic' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_importing_the_port_does_not_load_the_cell_graph_or_storage() -> None:
+    """The port is a leaf: the cell graph, schema validation and the store stay unloaded
+    (anyio may load: the port uses it)."""
+    code = (
+        "import sys, runtime.llm\n"
+        "heavy = ('runtime.cells', 'runtime.storage', 'jsonschema', 'sqlite3')\n"
+        "loaded = sorted(m for m in sys.modules\n"
+        "                if any(m == h or m.startswith(h + '.') for h in heavy))\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
