@@ -51,7 +51,7 @@ def test_importing_the_port_does_not_load_the_cell_graph_or_storage() -> None:
     (anyio may load: the port uses it)."""
     code = (
         "import sys, runtime.llm\n"
-        "heavy = ('runtime.cells', 'runtime.storage', 'jsonschema', 'sqlite3')\n"
+        "heavy = ('runtime.cells', 'runtime.storage', 'jsonschema', 'sqlite3', '_sqlite3')\n"
         "loaded = sorted(m for m in sys.modules\n"
         "                if any(m == h or m.startswith(h + '.') for h in heavy))\n"
         "assert not loaded, loaded\n"
