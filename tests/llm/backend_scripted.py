@@ -54,7 +54,9 @@ def to_scripted(step: Step) -> ScriptedStep:
         case DropMidStream(response=r, after_events=n):
             return [*response_events(r)[:n], _transient("connection dropped mid-stream")]
         case MalformedEvent(response=r, after_events=n):
-            return [*response_events(r)[:n], _transient("malformed stream: event is not JSON")]
+            bad = LLMError("malformed response: an event is not JSON", fault=Fault.TERMINAL,
+                           provider=PROVIDER)
+            return [*response_events(r)[:n], bad]
         case Hang(response=r, after_events=n):
             return [*response_events(r)[:n], Pause(HANG_SECONDS), _transient("hang ended")]
     raise TypeError(f"unknown script step {step!r}")

@@ -102,22 +102,24 @@ def free_port() -> int:
 # -- configuration -----------------------------------------------------------------------
 
 
-def test_key_and_base_url_come_from_the_environment_unless_given(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_adapter_never_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Configuration is resolved in one place (``resolve_model``): the adapter takes what it
+    is given, and a key or base URL in the environment changes nothing."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9/")
-    assert AnthropicModel(MODEL).base_url == "http://127.0.0.1:9"
-    assert AnthropicModel(MODEL, base_url="https://gw.example").base_url == "https://gw.example"
-    monkeypatch.delenv("ANTHROPIC_BASE_URL")
-    model = AnthropicModel(MODEL)
-    assert (model.name, model.provider) == (MODEL, "anthropic")
-    assert model.base_url == "https://api.anthropic.com"
-
-
-def test_a_missing_key_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    with pytest.raises(ConfigurationError, match="ANTHROPIC_API_KEY"):
+    with pytest.raises(ConfigurationError, match="api_key"):
         AnthropicModel(MODEL)
+    model = AnthropicModel(MODEL, api_key="sk-ant-given")
+    assert model.base_url == "https://api.anthropic.com"
+    assert AnthropicModel(MODEL, api_key=KEY, base_url="https://gw.example/").base_url == (
+        "https://gw.example")
+    assert (model.name, model.provider) == (MODEL, "anthropic")
+
+
+def test_a_missing_key_is_a_configuration_error() -> None:
+    for key in (None, ""):
+        with pytest.raises(ConfigurationError, match="ANTHROPIC_API_KEY"):
+            AnthropicModel(MODEL, api_key=key)
 
 
 @pytest.mark.parametrize("url", ["http://api.example.com", "ftp://127.0.0.1",
@@ -638,7 +640,7 @@ async def test_client_errors_are_terminal_with_one_request(fake: FakeAnthropic, 
         with pytest.raises(LLMError) as info:
             await run(model, mode)
     assert (info.value.fault, info.value.status) == (Fault.TERMINAL, status)
-    assert info.value.message == "messages: field required"
+    assert info.value.message.startswith("messages: field required")
     assert len(fake.requests) == 1 and sleeps.waits == []
 
 
@@ -655,7 +657,7 @@ async def test_a_non_json_error_page_still_gets_a_status_and_a_class() -> None:
             with pytest.raises(LLMError) as info:
                 await model.generate(ask())
     assert (info.value.fault, info.value.status, info.value.message) == (
-        Fault.TRANSIENT, 502, "HTTP 502")
+        Fault.TRANSIENT, 502, "HTTP 502 Bad Gateway")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -692,20 +694,26 @@ async def test_a_connection_dropped_before_any_output_is_retried(fake: FakeAnthr
     assert len(fake.requests) == 2 and len(sleeps.waits) == 1
 
 
-async def test_a_malformed_event_is_a_transient_fault(fake: FakeAnthropic) -> None:
-    fake.script(MalformedEvent(reply("Hello"), after_events=2))
-    async with connect(fake.url) as model:
+async def test_a_malformed_event_is_a_terminal_protocol_error(fake: FakeAnthropic) -> None:
+    sleeps = Sleeps()
+    fake.script(MalformedEvent(reply("Hello"), after_events=2), reply("unused"))
+    async with connect(fake.url, retry=policy(sleeps)) as model:
         with pytest.raises(LLMError, match="malformed") as info:
             await assemble(model.stream(ask()))
-    assert (info.value.fault, info.value.status) == (Fault.TRANSIENT, None)
+    assert (info.value.fault, info.value.status) == (Fault.TERMINAL, None)
+    assert len(fake.requests) == 1 and sleeps.waits == []
 
 
-async def test_a_truncated_json_body_is_retried(fake: FakeAnthropic) -> None:
+async def test_a_whole_body_that_is_not_json_is_not_retried(fake: FakeAnthropic) -> None:
+    """A 200 whose body arrived in full (its content-length honoured) but is not JSON comes
+    from a broken server: a terminal protocol error, not worth the backoff."""
     sleeps = Sleeps()
-    fake.script(MalformedEvent(reply("lost")), reply("whole"))
+    fake.script(MalformedEvent(reply("lost")), reply("unused"))
     async with connect(fake.url, retry=policy(sleeps)) as model:
-        got = await model.generate(ask())
-    assert got.message.text_content() == "whole" and len(sleeps.waits) == 1
+        with pytest.raises(LLMError, match="not JSON") as info:
+            await model.generate(ask())
+    assert info.value.fault is Fault.TERMINAL
+    assert len(fake.requests) == 1 and sleeps.waits == []
 
 
 # -- cancellation ------------------------------------------------------------------------

@@ -358,27 +358,39 @@ async def test_client_errors_are_terminal(backend: Backend, mode: Mode, status: 
     assert len(backend.sent()) == 1 and sleeps.waits == []
 
 
-@pytest.mark.parametrize("broken", [DropMidStream, MalformedEvent])
-async def test_broken_stream_is_a_transient_fault_without_a_response(backend: Backend,
-                                                                     broken: type) -> None:
+# A reply cut short (a dropped connection) is transient; one that arrived but breaks the wire
+# format (an event or body that is not JSON) is a terminal protocol error: a server that sends
+# one sends it again, and retrying it only costs the backoff.
+BROKEN = [(DropMidStream, Fault.TRANSIENT), (MalformedEvent, Fault.TERMINAL)]
+
+
+@pytest.mark.parametrize(("broken", "fault"), BROKEN)
+async def test_broken_stream_fails_without_a_response(backend: Backend, broken: type,
+                                                      fault: Fault) -> None:
     backend.script(broken(reply("This reply never completes, sadly.")))
     seen: list[Any] = []
     with pytest.raises(LLMError) as info:
         async for event in backend.model(retry=policy(Sleeps(), attempts=1)).stream(ask()):
             seen.append(event)
-    assert info.value.fault is Fault.TRANSIENT
+    assert info.value.fault is fault
     assert not any(isinstance(e, Stop) for e in seen)
     assert len(backend.sent()) == 1
 
 
-@pytest.mark.parametrize("broken", [DropMidStream, MalformedEvent])
-async def test_broken_reply_to_generate_is_a_transient_fault(backend: Backend,
-                                                             broken: type) -> None:
+@pytest.mark.parametrize(("broken", "fault"), BROKEN)
+async def test_broken_reply_to_generate_is_retried_only_if_cut_short(
+        backend: Backend, broken: type, fault: Fault) -> None:
     backend.script(broken(reply("This reply never completes, sadly.")), reply("second try"))
     sleeps = Sleeps()
-    got = await backend.model(retry=policy(sleeps, attempts=2)).generate(ask())
-    same(got, reply("second try"))  # transient, so retried: nothing partial was returned
-    assert len(backend.sent()) == 2 and len(sleeps.waits) == 1
+    model = backend.model(retry=policy(sleeps, attempts=2))
+    if fault is Fault.TRANSIENT:
+        same(await model.generate(ask()), reply("second try"))  # nothing partial returned
+        assert len(backend.sent()) == 2 and len(sleeps.waits) == 1
+    else:
+        with pytest.raises(LLMError) as info:
+            await model.generate(ask())
+        assert info.value.fault is Fault.TERMINAL
+        assert len(backend.sent()) == 1 and sleeps.waits == []
 
 
 # -- cancellation and concurrency -------------------------------------------------------

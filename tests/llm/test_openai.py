@@ -576,14 +576,17 @@ def test_a_remote_server_needs_a_key(base_url: str | None) -> None:
         OpenAIModel("gpt-4.1", base_url=base_url)
 
 
-def test_key_and_base_url_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_adapter_never_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Configuration is resolved in one place (``resolve_model``): a key or base URL in the
+    environment changes nothing here."""
     monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
     monkeypatch.setenv("OPENAI_BASE_URL", "https://proxy.example.com/v1/")
-    assert "https://proxy.example.com/v1" in repr(OpenAIModel("gpt-4.1"))
-    assert "http://127.0.0.1:8080/v1" in repr(
-        OpenAIModel("gpt-4.1", base_url="http://127.0.0.1:8080/v1")
-    )
-    # an explicit empty key means "none": fine for loopback only
+    with pytest.raises(ConfigurationError, match="api_key"):
+        OpenAIModel("gpt-4.1")
+    assert "https://api.openai.com/v1" in repr(OpenAIModel("gpt-4.1", api_key="sk-given"))
+    local = OpenAIModel("gpt-4.1", base_url="http://127.0.0.1:8080/v1")
+    assert "http://127.0.0.1:8080/v1" in repr(local) and "api_key=none" in repr(local)
+    # an empty key means "none": fine for loopback only
     OpenAIModel("gpt-4.1", api_key="", base_url="http://localhost:11434/v1")
     with pytest.raises(ConfigurationError):
         OpenAIModel("gpt-4.1", api_key="")
@@ -760,7 +763,7 @@ async def test_client_errors_are_terminal(
     with pytest.raises(LLMError) as info:
         await (model.generate(ask()) if mode == "generate" else assemble(model.stream(ask())))
     assert (info.value.fault, info.value.status) == (Fault.TERMINAL, status)
-    assert info.value.message == "Invalid value for 'model'."
+    assert info.value.message.startswith("Invalid value for 'model'.")
     assert len(fake.requests) == 1 and sleeps.waits == []
 
 
@@ -823,12 +826,14 @@ async def test_connection_dropped_mid_body_in_generate(fake: FakeOpenAI) -> None
 
 
 @pytest.mark.parametrize("mode", ["generate", "stream"])
-async def test_malformed_data_is_transient(fake: FakeOpenAI, mode: str) -> None:
-    fake.script(MalformedEvent(reply("Some text here."), after_events=2))
-    model = model_for(fake, retry=policy(Sleeps(), attempts=1))
+async def test_malformed_data_is_a_terminal_protocol_error(fake: FakeOpenAI, mode: str) -> None:
+    sleeps = Sleeps()
+    fake.script(MalformedEvent(reply("Some text here."), after_events=2), reply("unused"))
+    model = model_for(fake, retry=policy(sleeps))
     with pytest.raises(LLMError) as info:
         await (model.generate(ask()) if mode == "generate" else assemble(model.stream(ask())))
-    assert info.value.fault is Fault.TRANSIENT and "malformed" in info.value.message
+    assert info.value.fault is Fault.TERMINAL and "malformed" in info.value.message
+    assert len(fake.requests) == 1 and sleeps.waits == []
 
 
 @pytest.mark.parametrize(
@@ -842,10 +847,12 @@ async def test_malformed_data_is_transient(fake: FakeOpenAI, mode: str) -> None:
 )
 async def test_wrong_shapes_are_malformed_not_crashes(server: Any, mode: str, respond: Any) -> None:
     srv = server(respond)
-    model = OpenAIModel("m", base_url=f"{srv.url}/v1", retry=policy(Sleeps(), 1))
+    sleeps = Sleeps()
+    model = OpenAIModel("m", base_url=f"{srv.url}/v1", retry=policy(sleeps))
     with pytest.raises(LLMError, match="malformed") as info:
         await (model.generate(ask()) if mode == "generate" else assemble(model.stream(ask())))
-    assert info.value.fault is Fault.TRANSIENT
+    assert info.value.fault is Fault.TERMINAL  # a broken server: retrying costs the backoff
+    assert len(srv.requests) == 1 and sleeps.waits == []
 
 
 async def test_stream_ending_without_done_is_transient(server: Any) -> None:

@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 import httpx
 
-from ..errors import ConfigurationError, Fault, LLMError, retry_class
+from ..errors import ConfigurationError, Fault, LLMError, quota_exhausted, retry_class
 from ..events import (
     OpaqueDone,
     Stop,
@@ -56,8 +55,8 @@ from ..events import (
     ToolCallStart,
     UsageUpdate,
 )
-from ..retry import RetryPolicy, parse_retry_after
-from ..safety import display_url, safe_base_url, supported_image_media_type
+from ..retry import RetryPolicy
+from ..safety import supported_image_media_type
 from ..types import (
     ImageBlock,
     Message,
@@ -71,7 +70,7 @@ from ..types import (
     ToolUse,
     Usage,
 )
-from ._http import HTTPModel, compact_json, is_json_object
+from ._http import HTTPModel, compact_json, cut_short, is_json_object
 from ._sse import SSEEvent, iter_sse
 
 __all__ = ["DEFAULT_BASE_URL", "THINKING_BUDGETS", "AnthropicModel", "thinking_style"]
@@ -110,8 +109,6 @@ _ERROR_STATUS = {
     "timeout_error": 504,
     "overloaded_error": 529,
 }
-# A 429 (or any error) whose message says the account cannot pay will not heal by waiting.
-_QUOTA_WORDS = re.compile(r"credit balance|billing|quota|spend(ing)? limit|usage limit", re.I)
 
 
 class AnthropicModel(HTTPModel):
@@ -120,11 +117,16 @@ class AnthropicModel(HTTPModel):
     Safe for concurrent use. Without ``http_client`` it owns one pooled client, created on
     first use and released by ``aclose()`` (or ``async with``); it belongs to the event loop
     that created it, and a call from another loop gets a fresh one (``providers/_http.py``).
-    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` is in seconds
-    for each request (connecting: at most 10).
+    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` bounds each
+    attempt as a whole, in seconds (``providers/_http.py``; connecting: at most 10).
+
+    ``api_key`` is required and ``base_url`` defaults to Anthropic's: the adapter never
+    reads the environment (``resolve_model`` reads ``ANTHROPIC_API_KEY`` and
+    ``ANTHROPIC_BASE_URL`` from it and from ``.env``).
     """
 
     PROVIDER = PROVIDER
+    LABEL = "Anthropic"
 
     def __init__(
         self,
@@ -139,17 +141,13 @@ class AnthropicModel(HTTPModel):
         anthropic_version: str = "2023-06-01",
         thinking: ThinkingStyle | None = None,
     ) -> None:
-        key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+        key = api_key
         if not key:
             raise ConfigurationError(
-                "no Anthropic API key: pass api_key or set ANTHROPIC_API_KEY"
+                "no Anthropic API key: pass api_key= (resolve_model reads ANTHROPIC_API_KEY "
+                "from the environment or .env; the adapter never does)"
             )
-        url = (base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-        if not safe_base_url(url):
-            raise ConfigurationError(
-                f"refusing to send the Anthropic API key to {display_url(url)}: "
-                "the base URL must be https, or http to a loopback host"
-            )
+        url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         super().__init__(model=model, base_url=url, endpoint="/v1/messages", key=key,
                          retry=retry, timeout=timeout, http_client=http_client)
         self._thinking: ThinkingStyle = thinking or thinking_style(model)
@@ -176,55 +174,57 @@ class AnthropicModel(HTTPModel):
 
     # -- one HTTP attempt --------------------------------------------------------------
 
+    # Errors are raised outside the ``except`` blocks that detect them, so the exception
+    # that revealed the problem (holding the raw body or the error event) is not their
+    # ``__context__``; ``HTTPModel`` detaches whatever the retry layer adds on the way out.
+
     async def _generate_once(self, body: bytes) -> Response:
         async with self._post(body, self._headers) as response:
             content = await response.aread()
+        data: Any = None
         try:
             data = json.loads(content)
-        except (ValueError, UnicodeDecodeError):
-            raise self._malformed("response body is not JSON") from None
+        except ValueError:  # UnicodeDecodeError included
+            pass
+        if data is None:
+            raise self._malformed("response body is not JSON")
         if isinstance(data, dict) and data.get("type") == "error":
             raise self._event_error(data)
+        shape = "?"
         try:
             return decode_message(data)
-        except (KeyError, TypeError, ValueError) as e:
-            raise self._malformed(f"unexpected response shape ({type(e).__name__})") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            shape = type(e).__name__
+        raise self._malformed(f"unexpected response shape ({shape})")
 
     async def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
         async with self._post(body, self._headers) as response:
             decoder = StreamDecoder()
             async for sse in iter_sse(response):
+                failure: LLMError | None = None
                 try:
                     events = decoder.feed(sse)
                 except _ErrorEvent as e:
-                    raise self._event_error(e.body) from None
-                except (KeyError, TypeError, ValueError) as e:
-                    raise self._malformed(
-                        f"bad {sse.event!r} event ({type(e).__name__})"
-                    ) from None
+                    failure = self._event_error(e.body)
+                except (KeyError, TypeError, ValueError, AttributeError) as e:
+                    failure = self._malformed(f"bad {sse.event!r} event ({type(e).__name__})")
+                if failure is not None:
+                    raise failure
                 for event in events:
                     yield event
                 if decoder.done:
                     return
-        raise self._malformed("stream ended before message_stop")
+        raise cut_short(PROVIDER, "the stream ended before message_stop")
 
     # -- errors ------------------------------------------------------------------------
 
-    def _status_error(self, response: httpx.Response) -> LLMError:
-        status = response.status_code
-        kind, message = _error_fields(response.content)
-        quota = kind == "billing_error" or bool(_QUOTA_WORDS.search(message))
-        return self._error(
-            message or f"HTTP {status}",
-            retry_class(status, quota),
-            status,
-            parse_retry_after(response.headers.get("retry-after")),
-        )
+    def _error_fields(self, raw: bytes) -> tuple[str, tuple[str | None, ...]]:
+        kind, message = _error_fields(raw)
+        return message, (kind,)
 
     def _event_error(self, body: Any) -> LLMError:
         kind, message = _error_fields(body)
-        quota = kind == "billing_error" or bool(_QUOTA_WORDS.search(message))
-        fault = retry_class(_ERROR_STATUS.get(kind, 500), quota)
+        fault = retry_class(_ERROR_STATUS.get(kind, 500), quota_exhausted(message, kind))
         return self._error(f"{kind or 'error'}: {message or 'error event in stream'}", fault)
 
 
@@ -233,7 +233,7 @@ def _error_fields(body: bytes | Any) -> tuple[str, str]:
     if isinstance(body, bytes):
         try:
             body = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except ValueError:  # not JSON (an HTML page, a body cut at ERROR_BODY_LIMIT)
             return "", ""
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):

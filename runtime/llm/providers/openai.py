@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import ConfigurationError, Fault, LLMError, retry_class
+from ..errors import ConfigurationError, Fault, LLMError, quota_exhausted
 from ..events import (
     Stop,
     StreamEvent,
@@ -46,13 +45,8 @@ from ..events import (
     ToolCallStart,
     UsageUpdate,
 )
-from ..retry import RetryPolicy, parse_retry_after
-from ..safety import (
-    display_url,
-    is_loopback_url,
-    safe_base_url,
-    supported_image_media_type,
-)
+from ..retry import RetryPolicy
+from ..safety import display_url, is_loopback_url, supported_image_media_type
 from ..types import (
     ImageBlock,
     Message,
@@ -66,7 +60,7 @@ from ..types import (
     ToolUse,
     Usage,
 )
-from ._http import HTTPModel, compact_json, is_json_object, malformed
+from ._http import HTTPModel, body_text, compact_json, cut_short, is_json_object, malformed
 from ._sse import iter_sse
 
 __all__ = ["DEFAULT_BASE_URL", "PROVIDER", "OpenAIModel"]
@@ -81,10 +75,6 @@ _FINISH = {
     "length": StopReason.MAX_TOKENS,
     "content_filter": StopReason.REFUSAL,
 }
-# OpenAI's own signals that a 429 is an empty wallet rather than "slow down". Plain rate-limit
-# messages may mention billing ("add a payment method..."), so we match phrases, not words.
-_QUOTA_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached", "billing_not_active"})
-_QUOTA_PHRASES = ("exceeded your current quota", "billing hard limit", "billing details")
 _TERMINAL_STREAM_ERRORS = frozenset(
     {"invalid_request_error", "authentication_error", "permission_error", "not_found_error"}
 )
@@ -98,19 +88,21 @@ _CONTENT, _REFUSAL, _FIRST_CALL = 0, 1, 2
 class OpenAIModel(HTTPModel):
     """A ``Model`` over the Chat Completions API.
 
-    The key comes from ``api_key`` or ``OPENAI_API_KEY``, the base URL from ``base_url``,
-    ``OPENAI_BASE_URL`` or OpenAI's. A key is required except for a loopback base URL (a local
-    server usually needs none; if one is configured it is sent there too, as loopback traffic
-    never leaves the machine). A base URL that is not https, or http to loopback, is refused.
+    The key is ``api_key``, the base URL ``base_url`` or OpenAI's: the adapter never reads
+    the environment (``resolve_model`` reads ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL`` from it
+    and from ``.env``). A key is required except for a loopback base URL (a local server
+    usually needs none; if one is given it is sent there too, as loopback traffic never
+    leaves the machine). A base URL that is not https, or http to loopback, is refused.
 
     Safe for concurrent use. Without ``http_client`` it owns one pooled client, created on
     first use and released by ``aclose()`` (or ``async with``); it belongs to the event loop
     that created it, and a call from another loop gets a fresh one (``providers/_http.py``).
-    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` is in seconds for
-    each request (connecting: at most 10).
+    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` bounds each
+    attempt as a whole, in seconds (``providers/_http.py``; connecting: at most 10).
     """
 
     PROVIDER = PROVIDER
+    LABEL = "OpenAI"
 
     def __init__(
         self,
@@ -123,18 +115,14 @@ class OpenAIModel(HTTPModel):
         timeout: float = 600,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
-        base = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
-        if not safe_base_url(base):
-            raise ConfigurationError(
-                f"refusing OpenAI base URL {display_url(base)}: an API key may only be sent "
-                "over https, or over http to a loopback host (127.0.0.1, ::1, localhost)"
-            )
+        key = api_key or ""
+        base = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self._local = is_loopback_url(base)
         if not key and not self._local:
             raise ConfigurationError(
-                f"no OpenAI API key for {display_url(base)}: pass api_key or set "
-                "OPENAI_API_KEY (only a loopback server may go without one)"
+                f"no OpenAI API key for {display_url(base)}: pass api_key= (only a loopback "
+                "server may go without one; resolve_model reads OPENAI_API_KEY from the "
+                "environment or .env, the adapter never does)"
             )
         super().__init__(model=model, base_url=base, endpoint="/chat/completions", key=key,
                          retry=retry, timeout=timeout, http_client=http_client)
@@ -157,15 +145,21 @@ class OpenAIModel(HTTPModel):
 
     # -- one HTTP exchange -------------------------------------------------------------------
 
+    # Errors are raised outside the ``except`` blocks that detect them, so the exception
+    # that revealed the problem (a JSONDecodeError holds the whole body) is not their
+    # ``__context__``; ``HTTPModel`` detaches whatever the retry layer adds on the way out.
+
     async def _generate_once(self, body: bytes) -> Response:
         async with self._post(body, self._json_headers) as response:
             raw = await response.aread()
+        failure: LLMError | None = None
         try:
             return decode_completion(json.loads(raw))
-        except LLMError:
-            raise
-        except _SHAPE_ERRORS:
-            raise _malformed("the response body is not a chat completion") from None
+        except LLMError as e:
+            failure = e
+        except _SHAPE_ERRORS:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            failure = _malformed("the response body is not a chat completion")
+        raise failure
 
     async def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
         async with self._post(body, self._sse_headers) as response:
@@ -175,38 +169,44 @@ class OpenAIModel(HTTPModel):
                     for event in decoder.done():
                         yield event
                     return
-                try:
-                    chunk = json.loads(sse.data)
-                except ValueError:
-                    raise _malformed("a stream event's data is not JSON") from None
-                if not isinstance(chunk, dict):
-                    raise _malformed("a stream event is not a JSON object")
-                if "error" in chunk:
-                    raise self._stream_error(chunk["error"])
-                try:
-                    events = decoder.feed(chunk)
-                except _SHAPE_ERRORS:
-                    raise _malformed("a stream event is not a chat completion chunk") from None
+                events, failure = self._decode_chunk(decoder, sse.data)
+                if failure is not None:
+                    raise failure
                 for event in events:
                     yield event
-        raise LLMError("the stream ended before [DONE]", fault=Fault.TRANSIENT, provider=PROVIDER)
+        raise cut_short(PROVIDER, "the stream ended before [DONE]")
+
+    def _decode_chunk(
+        self, decoder: ChunkDecoder, data: str
+    ) -> tuple[list[StreamEvent], LLMError | None]:
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return [], _malformed("a stream event's data is not JSON")
+        if not isinstance(chunk, dict):
+            return [], _malformed("a stream event is not a JSON object")
+        if "error" in chunk:
+            return [], self._stream_error(chunk["error"])
+        try:
+            return decoder.feed(chunk), None
+        except LLMError as e:
+            return [], e
+        except _SHAPE_ERRORS:
+            return [], _malformed("a stream event is not a chat completion chunk")
 
     # -- errors ------------------------------------------------------------------------------
 
-    def _status_error(self, response: httpx.Response) -> LLMError:
-        status = response.status_code
-        message, quota = _error_details(response.content)
-        return self._error(
-            message or f"HTTP {status} {response.reason_phrase}".strip(),
-            retry_class(status, quota),
-            status,
-            _retry_after(response.headers),
-        )
+    def _error_fields(self, raw: bytes) -> tuple[str, tuple[str | None, ...]]:
+        try:
+            data = json.loads(raw)
+        except ValueError:  # an HTML page, a body cut at ERROR_BODY_LIMIT
+            return body_text(raw), ()
+        return _error_fields(data.get("error", data) if isinstance(data, dict) else data)
 
     def _stream_error(self, error: Any) -> LLMError:
-        message, quota = _error_fields(error)
+        message, codes = _error_fields(error)
         kind = error.get("type") if isinstance(error, dict) else None
-        terminal = quota or kind in _TERMINAL_STREAM_ERRORS
+        terminal = quota_exhausted(message, *codes) or kind in _TERMINAL_STREAM_ERRORS
         return self._error(
             message or "error event in the stream",
             Fault.TERMINAL if terminal else Fault.TRANSIENT,
@@ -452,12 +452,16 @@ def _text(content: Any) -> str:
 
 
 def _arguments(name: str, text: str) -> dict[str, Any]:
+    """A tool call's arguments. Text that is no JSON object is the model's output, not a
+    wire-format fault: transient, as a new sample usually parses (and as ``assemble`` judges
+    the same arguments in a stream)."""
+    value: Any = None
     try:
         value = json.loads(text.strip() or "{}")
     except ValueError:
-        raise _malformed(f"tool call {name!r} arguments are not JSON") from None
+        pass
     if not isinstance(value, dict):
-        raise _malformed(f"tool call {name!r} arguments are not a JSON object")
+        raise cut_short(PROVIDER, f"malformed tool call: {name!r} arguments are not a JSON object")
     return value
 
 
@@ -486,38 +490,14 @@ def _malformed(what: str) -> LLMError:
     return malformed(PROVIDER, what)
 
 
-# -- errors and URLs --------------------------------------------------------------------------
+# -- errors --------------------------------------------------------------------------
 
 
-def _error_details(content: bytes) -> tuple[str, bool]:
-    """(message, quota exhausted) from an error response body, JSON or not."""
-    try:
-        data = json.loads(content)
-    except ValueError:
-        return content.decode("utf-8", "replace").strip()[:300], False
-    return _error_fields(data.get("error", data) if isinstance(data, dict) else data)
-
-
-def _error_fields(error: Any) -> tuple[str, bool]:
+def _error_fields(error: Any) -> tuple[str, tuple[str | None, ...]]:
+    """(message, code and type) of an OpenAI error object (or a bare error string)."""
     if isinstance(error, str):
-        return error, _quota_message(error)
+        return error, ()
     if not isinstance(error, dict):
-        return "", False
-    message = str(error.get("message") or "")
-    codes = {error.get("code"), error.get("type")}
-    return message, bool(codes & _QUOTA_CODES) or _quota_message(message)
-
-
-def _quota_message(message: str) -> bool:
-    lowered = message.lower()
-    return any(phrase in lowered for phrase in _QUOTA_PHRASES)
-
-
-def _retry_after(headers: httpx.Headers) -> float | None:
-    """OpenAI sends ``retry-after-ms`` next to ``retry-after``; the former is more precise."""
-    if ms := headers.get("retry-after-ms"):
-        try:
-            return max(float(ms) / 1000, 0.0)
-        except ValueError:
-            pass
-    return parse_retry_after(headers.get("retry-after"))
+        return "", ()
+    codes = tuple(c if isinstance(c, str) else None for c in (error.get("code"), error.get("type")))
+    return str(error.get("message") or ""), codes
