@@ -220,7 +220,7 @@ def _apply(event, counter, names, profile, alias, prefs, summary, witness):
         elif op == "name":
             profile.key("name").set(args[0])
         elif op == "alias":
-            alias.set(args[0])  # through the link: writes profile/name
+            alias.resolve().set(args[0])  # the target of the link: profile/name
         elif op == "age":
             profile.update({"age": args[0]})
         elif op == "pref":

@@ -6,7 +6,7 @@ import pytest
 
 from runtime import (
     ConflictError,
-    PathError,
+    LinkError,
     PatternError,
     Runtime,
     SchemaError,
@@ -36,12 +36,14 @@ async def test_a_link_cannot_reach_another_users_documents():
         bob = rt.run(private_notes, user="bob")
         stolen = alice.result.key("notes").link()
         assert stolen["scope"] == "user:alice"
-        await bob.send("save", {"note": stolen})
-        with pytest.raises(PathError, match="refused"):
-            bob.result.key("notes").get()
-        with pytest.raises(PathError, match="refused"):
-            bob.result.key("notes", "title").set("written by bob")
+        # links from outside are refused where the schema does not ask for one ...
+        with pytest.raises(LinkError, match="links only where the handler's event schema"):
+            await bob.send("save", {"note": stolen})
+        # ... and even written by code, a link across users is refused when followed
+        with pytest.raises(LinkError, match="refused"):
+            bob.result.key("notes").resolve().set(alice.result.key("notes"))
         assert alice.result.key("notes").get() == {"title": "mine"}
+        assert bob.result.key("notes").get() == {"title": "mine"}
 
 
 async def test_sessions_of_two_users_never_share_state():
@@ -56,7 +58,7 @@ async def test_sessions_of_two_users_never_share_state():
         a.result.key("log").push("alice-secret")
         assert b.result.key("log").get() == []
         # a session may link to its user's documents and to shared ones
-        assert a.result.key("log").resolve().scope == "session:alice/s1"
+        assert a.result.key("log").resolve().scope == "session:alice:s1"
 
 
 async def test_a_failing_commit_listener_does_not_fail_the_handler():

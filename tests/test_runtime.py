@@ -102,10 +102,15 @@ async def test_cell_operations_and_links():
         # reads follow links, also through the result document
         pointer = inst.result.key("pointer")
         assert pointer.get() == "Ada"
-        # writing through a link writes its target
-        pointer.set("Ada Lovelace")
+        # the target of a link is written through resolve() ...
+        pointer.resolve().set("Ada Lovelace")
         assert profile.key("name").get() == "Ada Lovelace"
         assert pointer.raw() == "Ada Lovelace"
+        # ... while a write exactly at a link replaces the link, never writes through it
+        pointer.set("Grace")
+        assert pointer.get() == "Grace" and profile.key("name").get() == "Ada Lovelace"
+        pointer.set(profile.key("name"))  # a Cell as the value is stored as its link
+        assert pointer.get() == "Ada Lovelace"
         link = profile.key("name").link()
         assert link == {"@link": f"/{profile.resolve().id}/name"}
         # get() returns a copy: mutating it changes nothing
@@ -247,7 +252,7 @@ async def test_scopes_give_one_copy_per_user_and_session():
         assert a.result.key("mine").get() == ["from one"]
         assert b.result.key("mine").get() == ["from two"]
         assert a.result.key("shared").get() == ["from one", "from two"]
-        assert a.result.key("mine").resolve().scope == "session:u1/one"
+        assert a.result.key("mine").resolve().scope == "session:u1:one"
         # spaces are isolated: the same pattern in another space starts empty
         c = rt.run(notes, space="other", user="u1", session="one")
         assert c.result.key("shared").get() == []

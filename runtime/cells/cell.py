@@ -6,21 +6,27 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CellError, PathError, WriteInComputationError
+from ..errors import CellError, LinkError, PathError, WriteInComputationError
 from ..storage import DocKey
 from . import signals
-from .documents import Documents, Transaction, _missing, make_link
-from .jsonpath import MISSING, Path, check_json, copy_json, pointer
-from .schema import subschema
+from .documents import Documents, Transaction, _missing, make_link, parse_link
+from .equality import same
+from .jsonpath import MISSING, Path, check_json, copy_json, is_link, pointer
+from .schema import asks_for_link, subschema
 
 if TYPE_CHECKING:
+    from reactivex import Observable
+    from reactivex.abc import DisposableBase
+
     from .pattern import Handler
+    from .runtime import Instance
     from .scheduler import Scheduler
 
 
 @contextmanager
 def writing(docs: Documents) -> Iterator[Transaction]:
-    """The open transaction (inside a handler), or a new one committed on exit."""
+    """The calling task's open transaction, or a new one, committed when the block ends
+    without an exception and aborted when it raises."""
     if signals.in_computation():  # even under untracked() or peek()
         who = signals.current_subscriber()
         what = f"{who!r}" if who is not None else "a computation (inside untracked())"
@@ -28,15 +34,18 @@ def writing(docs: Documents) -> Iterator[Transaction]:
             f"{what} tried to write a cell; computations must be pure: write from a handler "
             "instead"
         )
-    if docs.tx is not None:
-        yield docs.tx
-        return
-    tx = Transaction(docs)
-    docs.tx = tx
-    try:
+    tx = docs.tx
+    if tx is not None:
         yield tx
-    finally:
-        docs.tx = None
+        return
+    docs.check_open("writing a cell")
+    tx = Transaction(docs)
+    with tx.bound():
+        try:
+            yield tx
+        except BaseException:
+            tx.abort()
+            raise
     tx.commit()
 
 
@@ -70,7 +79,14 @@ class Cell:
         return self._key.scope
 
     def key(self, *tokens: str | int) -> Cell:
-        """The cell one or more levels down: ``todo.key("items", 0)``."""
+        """The cell one or more levels down: ``todo.key("items", 0)`` (object keys are
+        strings, list indexes non-negative ints)."""
+        for t in tokens:
+            if type(t) is not str and (type(t) is not int or t < 0):
+                raise PathError(
+                    f"{self!r}.key({t!r}): a path step is an object key (str) or a list index "
+                    f"(int >= 0), not {type(t).__name__} {t!r}"
+                )
         return Cell(self._docs, self._key, self.path + tokens, subschema(self.schema, tokens))
 
     def __getitem__(self, token: str | int) -> Cell:
@@ -116,24 +132,27 @@ class Cell:
             value = parent.raw()
         except PathError as e:
             return str(e)
-        return _missing(self._docs, self._key, self.path, value)
+        return _missing(self._key, self.path, value)
 
     # -- writing ---------------------------------------------------------------------
 
     def set(self, value: Any) -> None:
-        """Replace the value (writing through a link writes its target)."""
-        value = check_json(value, f"value for {self!r}")
+        """Replace the value here. Links on the way are followed; a link exactly here is
+        replaced, not written through (in a read-only document, like an instance's result,
+        its links are aliases and the write lands on their target). A ``Cell`` as the
+        value (or inside it) is stored as a link to that cell."""
         with writing(self._docs) as tx:
-            key, path, _ = self._docs.resolve(self._key, self.path)
+            key, path, _ = self._write_target()
+            value = self._accept(value, f"value for {self!r}", key, path)
             tx.write(key, path, value)
 
     def update(self, values: dict[str, Any]) -> None:
         """Merge ``values`` into the object here, key by key."""
         if not isinstance(values, dict):
             raise TypeError(f"update() takes a dict of keys to set, got {type(values).__name__}")
-        values = check_json(values, f"update for {self!r}")
         with writing(self._docs) as tx:
             key, path, current = self._docs.resolve(self._key, self.path)
+            values = self._accept(values, f"update for {self!r}", key, path)
             if current is MISSING or current is None:
                 tx.write(key, path, values)
                 return
@@ -147,19 +166,59 @@ class Cell:
 
     def push(self, *items: Any) -> None:
         """Append to the list here."""
-        items_json = [check_json(i, f"item pushed to {self!r}") for i in items]
         with writing(self._docs) as tx:
             key, path, current = self._docs.resolve(self._key, self.path)
             if current is MISSING or current is None:
-                tx.write(key, path, items_json)
+                tx.write(key, path, self._accept(list(items), f"items pushed to {self!r}",
+                                                 key, path))
                 return
             if not isinstance(current, list):
                 raise CellError(
                     f"push() needs a list at {self!r}, found {type(current).__name__}"
                 )
             n = len(current)
-            for offset, item in enumerate(items_json):
+            accepted = [self._accept(item, f"item pushed to {self!r}", key, (*path, n + i))
+                        for i, item in enumerate(items)]
+            for offset, item in enumerate(accepted):
                 tx.write(key, (*path, n + offset), item)
+
+    def _write_target(self) -> tuple[DocKey, Path, Any]:
+        """Where a write of this cell lands (see ``set``)."""
+        docs = self._docs
+        key, path, value = docs.resolve(self._key, self.path, follow_last=False)
+        for _ in range(64):
+            if not (is_link(value) and docs.doc(key).readonly):
+                return key, path, value
+            key, path = parse_link(value, key)
+            key, path, value = docs.resolve(key, path, follow_last=False)
+        raise LinkError(f"link cycle while writing {self!r}")
+
+    def _accept(self, value: Any, where: str, key: DocKey, path: Path) -> Any:
+        """``value`` as plain JSON to write at ``path`` of ``key``. Links in the data itself
+        (not made from a Cell) are refused unless the schema there asks for a link
+        (``{"asCell": true}``). Every link written must be followable from where it lands
+        (its scope reachable, its target there, no cycle) and must not point into itself."""
+        links: list[Path] = []
+        made: list[Path] = []
+        value = check_json(value, where, depth=len(path), links=links, made=made)
+        if not links and not made:
+            return value
+        schema = self._docs.doc(key).schema
+        for at in links:
+            if not asks_for_link(subschema(schema, (*path, *at))):
+                raise LinkError(
+                    f"{where}{pointer(at)} is a link {_at(value, at)!r}, and links in data are "
+                    "refused where the schema does not ask for one: pass the Cell itself "
+                    "(cell.set(other_cell)) or give the schema {'asCell': true} there"
+                )
+        for at in (*links, *made):
+            link = _at(value, at)
+            full = (*path, *at)
+            target, tpath = parse_link(link, key)
+            if target == key and tpath[: len(full)] == full:
+                raise LinkError(f"{where}{pointer(at)} links into itself: {link!r}")
+            self._docs.resolve(target, tpath)  # it must lead somewhere, without a cycle
+        return value
 
     # -- observing -------------------------------------------------------------------
 
@@ -183,7 +242,7 @@ class Cell:
                 return
             finally:
                 subscribing = False
-            if last is not MISSING and type(value) is type(last) and value == last:
+            if last is not MISSING and same(value, last):
                 return  # the document changed, not the value here
             last = value
             with signals.untracked():
@@ -194,6 +253,17 @@ class Cell:
 
         effect = signals.Effect(run, f"sink {self!r}")
         return effect.dispose
+
+    def observe(self) -> Observable[Any]:
+        """The cell's values as a ReactiveX ``Observable``: the current value on subscribe,
+        then each committed change (see ``docs/reactivex.md``)."""
+        from .rx import observe
+
+        return observe(self)
+
+    def __json__(self) -> dict[str, Any]:
+        """A Cell inside a value written to another cell is stored as its link."""
+        return self.link()
 
     def link(self) -> dict[str, Any]:
         """The JSON link to the cell that holds this value: ``{"@link": "/<id>/<path>"}``
@@ -225,11 +295,17 @@ class Cell:
         )
 
 
+def _at(value: Any, path: Path) -> Any:
+    for t in path:
+        value = value[t]
+    return value
+
+
 class Stream:
     """A handler bound to its state. ``send(event)`` queues the event; the handler runs once
     per event, in FIFO order, in its own transaction."""
 
-    __slots__ = ("_key", "_scheduler", "bindings", "handler", "name", "stopped")
+    __slots__ = ("_key", "_scheduler", "bindings", "handler", "name", "owner", "stopped")
 
     def __init__(self, scheduler: Scheduler, key: DocKey, handler: Handler,
                  bindings: dict[str, Any], name: str) -> None:
@@ -238,6 +314,7 @@ class Stream:
         self.handler = handler
         self.bindings = bindings
         self.name = name
+        self.owner: Instance | None = None  # the instance whose pattern bound it
         self.stopped = False
 
     @property
@@ -248,8 +325,18 @@ class Stream:
         """Queue ``event`` (processed at the next ``await rt.idle()`` / ``send`` / turn)."""
         self._scheduler.enqueue(self, event)
 
+    def feed(self, source: Observable[Any]) -> DisposableBase:
+        """Send each item of a ReactiveX ``Observable`` here as an event; returns the
+        subscription (dispose it to stop). See ``docs/reactivex.md``."""
+        from .rx import feed
+
+        return feed(source, self)
+
     def link(self) -> dict[str, Any]:
         return make_link(self._key, ())
+
+    def __json__(self) -> dict[str, Any]:
+        return self.link()
 
     @property
     def event_schema(self) -> dict[str, Any] | None:

@@ -4,27 +4,69 @@ A document is a JSON value under a ``DocKey``. Stored documents live in a kernel
 (and in the store); derived documents are the outputs of computations and live in a kernel
 ``Computed`` (never stored: they are recomputed). Reads inside a computation go through the
 kernel, so they are tracked; writes go through a ``Transaction`` and reach the kernel only
-when it commits, all at once, after every changed document validated against its schema.
+when it commits, all at once.
+
+Transactions belong to the task that opened them (a ``ContextVar``): concurrent tasks never
+share one. A transaction records each write as ``(path, value)`` against the version of the
+document it first touched. A commit checks each write against the schema where it lands
+(not the whole document), writes the store (the same patches: the store's cost is what
+changed), and only then changes the kernel's copy, in place. Everything that can fail is
+done before the store writes; nothing after it raises. A commit whose documents another
+task or process committed in between fails with ``ConflictError`` and changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CellError, PathError, SchemaError
-from ..storage import ConflictError, DocKey, Store, Write
+from ..errors import (
+    CellError,
+    ClosedError,
+    ConflictError,
+    LinkError,
+    PathError,
+    ReadOnlyError,
+    SchemaError,
+)
+from ..storage import DocKey, Store, Write
 from . import signals
-from .jsonpath import MISSING, Path, assign, copy_json, is_link, parse_pointer, pointer, step
-from .schema import validate
+from .equality import same
+from .jsonpath import (
+    MISSING,
+    Path,
+    assign_in_place,
+    copy_json,
+    is_link,
+    parse_pointer,
+    pointer,
+    step,
+)
+from .schema import CompiledSchema, compile_schema
+from .scope import Scope
 
 if TYPE_CHECKING:
     from .cell import Stream
 
+__all__ = ["Change", "Doc", "Documents", "Transaction", "current_transaction", "make_link",
+           "parse_link"]
+
 MAX_LINK_HOPS = 64
+MAX_ERRORS = 1000
 log = logging.getLogger("celldialog")
+
+_tx: ContextVar[Transaction | None] = ContextVar("celldialog_transaction", default=None)
+
+
+def current_transaction() -> Transaction | None:
+    """The transaction open in this task, if any."""
+    return _tx.get()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +83,28 @@ class Change:
 
 
 class Doc:
-    __slots__ = ("derived", "key", "label", "node", "schema", "version")
+    __slots__ = ("_compiled", "derived", "key", "label", "node", "readonly", "schema",
+                 "version")
 
     def __init__(self, key: DocKey, node: Any, schema: dict[str, Any] | None, label: str,
-                 derived: bool, version: int = 0) -> None:
+                 derived: bool, version: int = 0, readonly: str | None = None) -> None:
         self.key = key
         self.node = node
         self.schema = schema
+        self._compiled: CompiledSchema | None = None
         self.label = label
         self.derived = derived
         self.version = version
+        self.readonly = readonly  # why users may not write it (an instance's result...)
+
+    @property
+    def compiled(self) -> CompiledSchema | None:
+        if self.schema is None:
+            return None
+        c = self._compiled
+        if c is None or c.schema is not self.schema:
+            c = self._compiled = compile_schema(self.schema)
+        return c
 
     def describe(self) -> str:
         scope = f" [{self.key.scope}]" if self.key.scope else ""
@@ -63,46 +117,76 @@ class Documents:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._docs: dict[DocKey, Doc] = {}
-        self.tx: Transaction | None = None
-        # bound handlers by their stream document: what a path that ends at a stream
-        # document (a builtin's "invoke this") resolves to
-        self.streams: dict[DocKey, Stream] = {}
         self.listeners: list[Callable[[list[Change]], None]] = []
-        self.errors: list[tuple[str, BaseException]] = []
+        self.errors: deque[tuple[str, BaseException]] = deque(maxlen=MAX_ERRORS)
+        self.closed = False
 
     def report(self, error: BaseException, where: str) -> None:
-        """Record an error that has no caller to raise to (a sink, a queued event)."""
+        """Record an error that has no caller to raise to (a sink, a queued event). The
+        newest ``MAX_ERRORS`` are kept; every one is logged."""
         self.errors.append((where, error))
         log.error("%s failed: %s", where, error, exc_info=error)
+
+    def check_open(self, what: str) -> None:
+        if self.closed:
+            raise ClosedError(
+                f"{what} after the runtime closed: its store is closed and nothing more can "
+                "be committed; open a new `async with Runtime(...)`"
+            )
+
+    @property
+    def tx(self) -> Transaction | None:
+        """The transaction open in the calling task on these documents, if any."""
+        tx = _tx.get()
+        return tx if tx is not None and tx.docs is self else None
 
     # -- declaring -------------------------------------------------------------------
 
     def declare(self, key: DocKey, initial: Any, schema: dict[str, Any] | None = None,
-                label: str = "", overwrite: bool = False) -> Doc:
+                label: str = "", overwrite: bool = False, readonly: str | None = None) -> Doc:
         """The stored document at ``key``: loaded if the store has it, else created with
-        ``initial`` (validated, then written to the store at once so a restart finds it)."""
+        ``initial`` (validated, then written to the store at once so a restart finds it).
+
+        Creating is conditional (create-if-absent): when another process creates it first,
+        its committed value wins and is loaded. ``overwrite`` replaces what is stored
+        (structure the runtime derives from code: results, stream markers)."""
+        self.check_open(f"declaring {label or 'a document'}")
         doc = self._docs.get(key)
+        if doc is not None and doc.derived:
+            raise CellError(f"{doc.describe()} is computed and cannot be declared as stored")
         if doc is None:
             stored = self.store.load(key)
-            if stored is not None and not overwrite:
+            if stored is not None:
                 doc = Doc(key, signals.Signal(stored.value, label), schema, label, False,
-                          stored.version)
+                          stored.version, readonly)
                 self._docs[key] = doc
-                return doc
-        elif doc.derived:
-            raise CellError(f"{doc.describe()} is computed and cannot be declared as stored")
         if doc is not None:
             if schema is not None:
                 doc.schema = schema
-            if not overwrite or _same_json(doc.node.peek(), initial):
+            doc.readonly = readonly
+            if not overwrite or same(doc.node.peek(), initial):
                 return doc
-        validate(initial, schema, f"initial value of {label or 'document'} (/{key.id})")
-        versions = self.store.commit([Write(key, initial)])
+        if schema is not None:
+            compile_schema(schema).validate(
+                initial, lambda: f"initial value of {label or 'document'} (/{key.id})")
+        try:
+            # create-if-absent (expect 0) unless replacing what the runtime derives from code
+            versions = self.store.commit([Write(key, initial, None if doc is not None else 0)])
+        except ConflictError:
+            # another process created it between our load and our write: theirs stands
+            stored = self.store.load(key)
+            if stored is None:
+                raise
+            doc = Doc(key, signals.Signal(stored.value, label), schema, label, False,
+                      stored.version, readonly)
+            self._docs[key] = doc
+            return doc
         if doc is None:
-            doc = Doc(key, signals.Signal(initial, label), schema, label, False)
+            doc = Doc(key, signals.Signal(copy_json(initial), label), schema, label, False,
+                      readonly=readonly)
             self._docs[key] = doc
         else:
-            doc.node.set(initial)
+            doc.node.set(copy_json(initial))
         doc.version = versions[key]
         return doc
 
@@ -123,7 +207,6 @@ class Documents:
 
     def forget(self, key: DocKey) -> None:
         self._docs.pop(key, None)
-        self.streams.pop(key, None)
 
     def doc(self, key: DocKey) -> Doc:
         doc = self._docs.get(key)
@@ -144,19 +227,20 @@ class Documents:
     # -- reading ---------------------------------------------------------------------
 
     def value(self, key: DocKey) -> Any:
-        """The document's value: the open transaction's version for the handler that owns
+        """The document's value: the open transaction's version for the task that owns
         it, the committed one (tracked by the kernel) for everyone else."""
-        tx = self.tx
-        if tx is not None and signals.current_subscriber() is None:
-            v = tx.writes.get(key, MISSING)
-            if v is not MISSING:
-                return v
+        tx = _tx.get()
+        if tx is not None and tx.docs is self and signals.current_subscriber() is None:
+            pending = tx.pending.get(key)
+            if pending is not None and pending.ops:
+                return tx.view(key, pending)
         return self.doc(key).node.get()
 
     def resolve(self, key: DocKey, path: Path, *, follow_last: bool = True
                 ) -> tuple[DocKey, Path, Any]:
         """Follow links along ``path``: the document and path that really hold the value,
-        and the value (MISSING if the last step does not exist)."""
+        and the value (MISSING if the last step does not exist). With ``follow_last``
+        false, a link exactly at ``path`` is returned as the value, not followed."""
         value = self.value(key)
         i = 0
         hops = 0
@@ -164,7 +248,7 @@ class Documents:
             if is_link(value) and (i < len(path) or follow_last):
                 hops += 1
                 if hops > MAX_LINK_HOPS:
-                    raise PathError(f"link cycle while reading /{key.id}{pointer(path)}")
+                    raise LinkError(f"link cycle while reading /{key.id}{pointer(path)}")
                 key, target = parse_link(value, key)
                 path = target + path[i:]
                 i = 0
@@ -176,46 +260,64 @@ class Documents:
             if nxt is MISSING:
                 if i == len(path) - 1:
                     return key, path, MISSING
-                raise PathError(_missing(self, key, path[: i + 1], value))
+                raise PathError(_missing(key, path[: i + 1], value))
             value = nxt
             i += 1
 
-    def materialize(self, value: Any, key: DocKey, seen: frozenset[Any] = frozenset()) -> Any:
-        """A plain copy of ``value`` with nested links replaced by what they point at."""
+    def materialize(self, value: Any, key: DocKey) -> Any:
+        """A plain copy of ``value`` with nested links replaced by what they point at.
+
+        A target reached by several links is materialized once and shared in the copy, so
+        links fanning out level after level cost what the distinct targets cost, not 2**n.
+        A link that cannot be followed (malformed, refused, cyclic, missing) reads as None:
+        one bad link never makes a document unreadable."""
+        memo: dict[tuple[DocKey, Path], Any] = {}
+        return self._materialize(value, key, memo, set(), 0)
+
+    def _materialize(self, value: Any, key: DocKey, memo: dict[Any, Any],
+                     active: set[Any], depth: int) -> Any:
         t = type(value)
         if t is dict:
             if is_link(value):
-                target, path = parse_link(value, key)
-                mark = (target, path)
-                if mark in seen:
-                    return copy_json(value)  # a cycle of links: show the link itself
-                tkey, _, v = self.resolve(target, path)
+                try:
+                    target, path = parse_link(value, key)
+                    mark = (target, path)
+                    if mark in memo:
+                        return memo[mark]
+                    if mark in active or depth > MAX_LINK_HOPS * 4:
+                        return None  # a cycle of links
+                    tkey, _, v = self.resolve(target, path)
+                except PathError:
+                    return None
                 if v is MISSING:
                     return None  # a link to a key that does not exist (yet) reads as null
-                return self.materialize(v, tkey, seen | {mark})
-            return {k: self.materialize(v, key, seen) for k, v in value.items()}
+                active.add(mark)
+                out = self._materialize(v, tkey, memo, active, depth + 1)
+                active.discard(mark)
+                memo[mark] = out
+                return out
+            return {k: self._materialize(v, key, memo, active, depth + 1)
+                    for k, v in value.items()}
         if t is list:
-            return [self.materialize(v, key, seen) for v in value]
+            return [self._materialize(v, key, memo, active, depth + 1) for v in value]
         return value
 
 
 def parse_link(link: dict[str, Any], base: DocKey) -> tuple[DocKey, Path]:
     """``{"@link": "/<id>/<path>", "scope": "user:alice"?}`` -> (document key, path).
 
-    A link may point only into its own space, at a scope as broad or as narrow as the
-    document holding it allows: shared documents link to shared ones; a user's documents
-    also to that user's; a session's also to its user's and its own. So a link someone
-    writes (or sends in an event) can never reach another user's or session's documents.
+    A link may point only into its own space, at a scope the document holding it may
+    reach (``Scope.reachable``): never into another user's or session's documents.
     """
     try:
         tokens = parse_pointer(link["@link"])
     except ValueError:
         tokens = ()
     if not tokens or not tokens[0]:
-        raise PathError(f"malformed link {_short(link)}: expected {{'@link': '/<id>/<path>'}}")
+        raise LinkError(f"malformed link {_short(link)}: expected {{'@link': '/<id>/<path>'}}")
     scope = link.get("scope", "")
-    if not isinstance(scope, str) or scope not in reachable_scopes(base.scope):
-        raise PathError(
+    if not isinstance(scope, str) or scope not in _reachable(base.scope):
+        raise LinkError(
             f"link to /{tokens[0]} refused: its scope {_short(scope)} is not reachable from "
             f"{'shared documents' if not base.scope else base.scope} (links may not cross "
             "into another user's or session's documents)"
@@ -223,12 +325,11 @@ def parse_link(link: dict[str, Any], base: DocKey) -> tuple[DocKey, Path]:
     return DocKey(base.space, scope, str(tokens[0])), tokens[1:]
 
 
-def reachable_scopes(scope: str) -> tuple[str, ...]:
-    """The scopes a document in ``scope`` may link to (see ``parse_link``)."""
-    if scope.startswith("session:"):
-        user, sep, _ = scope[len("session:"):].partition("/")
-        return ("", f"user:{user}", scope) if sep else ("", scope)
-    return ("", scope) if scope else ("",)
+def _reachable(scope_key: str) -> tuple[str, ...]:
+    try:
+        return Scope.parse(scope_key).reachable
+    except LinkError:
+        return ("",)
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -243,7 +344,7 @@ def make_link(key: DocKey, path: Path) -> dict[str, Any]:
     return link
 
 
-def _missing(docs: Documents, key: DocKey, path: Path, parent: Any) -> str:
+def _missing(key: DocKey, path: Path, parent: Any) -> str:
     where = f"/{key.id}{pointer(path)}"
     if type(parent) is dict:
         names = sorted(parent)
@@ -254,85 +355,222 @@ def _missing(docs: Documents, key: DocKey, path: Path, parent: Any) -> str:
     return f"nothing at {where}: the value above it is {type(parent).__name__}, not a container"
 
 
-def _same_json(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b
+# ---------------------------------------------------------------------------- transactions
+
+
+class TxState(Enum):
+    OPEN = "open"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+class _Pending:
+    """One document's writes in a transaction: the version they are based on, the writes
+    as ``(path, value)``, and (only once something reads the document after writing it)
+    a working copy with them applied, whose copied containers the transaction owns."""
+
+    __slots__ = ("base", "befores", "ops", "owned", "root")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.ops: list[tuple[Path, Any]] = []
+        self.befores: list[Any] = []
+        self.root: Any = MISSING
+        # copies made for the working copy, by id; holding them keeps their ids unique
+        self.owned: dict[int, Any] = {}
 
 
 class Transaction:
-    """Buffered writes: reads see the snapshot plus these writes; ``commit`` applies all of
-    them atomically (validate, store, then the kernel in one batch) or none."""
+    """Buffered writes of one task: reads see the committed state plus these writes;
+    ``commit`` applies all of them atomically (check, store, then the kernel in one batch)
+    or none. States: OPEN, then COMMITTED or ABORTED."""
 
     def __init__(self, docs: Documents) -> None:
         self.docs = docs
-        self.writes: dict[DocKey, Any] = {}
-        self.changes: list[tuple[DocKey, Path, Any, Any]] = []
+        self.state = TxState.OPEN
+        self.pending: dict[DocKey, _Pending] = {}
         self.outbox: list[tuple[Stream, Any]] = []
         self.after_commit: list[Callable[[], None]] = []  # e.g. async work a handler started
 
-    def write(self, key: DocKey, path: Path, value: Any) -> None:
+    def __repr__(self) -> str:
+        return f"<Transaction {self.state.value}, {len(self.pending)} documents>"
+
+    @contextmanager
+    def bound(self) -> Iterator[Transaction]:
+        """Make this the calling task's transaction for the block."""
+        token = _tx.set(self)
+        try:
+            yield self
+        finally:
+            _tx.reset(token)
+
+    def _doc_for_write(self, key: DocKey) -> Doc:
         doc = self.docs.doc(key)
         if doc.derived:
-            raise CellError(
+            raise ReadOnlyError(
                 f"cannot write to {doc.describe()}: it is computed from other cells; "
                 "write to the cells it reads instead"
             )
-        root = self.writes[key] if key in self.writes else doc.node.peek()
-        before = root
-        for t in path:
-            before = step(before, t)
-        try:
-            new_root = assign(root, path, value)
-        except (KeyError, IndexError, TypeError, ValueError):
+        if doc.readonly:
+            raise ReadOnlyError(f"cannot write to {doc.describe()}: {doc.readonly}")
+        return doc
+
+    def view(self, key: DocKey, pending: _Pending) -> Any:
+        """The document as this transaction sees it (its writes applied to a copy)."""
+        if pending.root is MISSING:
+            root = self.docs.doc(key).node.peek()
+            for path, value in pending.ops:
+                root = _assign_owned(root, path, value, pending.owned)
+            pending.root = root
+        return pending.root
+
+    def write(self, key: DocKey, path: Path, value: Any) -> None:
+        """Record a write of ``value`` (plain JSON the caller no longer holds) at ``path``."""
+        if self.state is not TxState.OPEN:
+            raise CellError(f"the transaction is {self.state.value}: it takes no more writes")
+        doc = self._doc_for_write(key)
+        pending = self.pending.get(key)
+        if pending is None:
+            pending = self.pending[key] = _Pending(doc.version)
+        root = self.view(key, pending) if pending.ops else doc.node.peek()
+        parent = root
+        for t in path[:-1]:
+            parent = step(parent, t)
+        before = step(parent, path[-1]) if path else root
+        if path and not _can_assign(parent, path[-1]):
             raise PathError(
                 f"cannot write {doc.describe()}{pointer(path)}: its parent does not exist "
                 "(set the parent object first)"
-            ) from None
-        self.writes[key] = new_root
-        self.changes.append((key, path, before, value))
+            )
+        if before is not MISSING and same(before, value):
+            return  # writing what is there changes nothing
+        if pending.ops:
+            pending.root = _assign_owned(pending.root, path, value, pending.owned)
+        pending.ops.append((path, value))
+        pending.befores.append(before)
+
+    def post(self, key: DocKey, prefix: Path) -> Any:
+        """The value at ``prefix`` in ``key`` as this transaction would commit it."""
+        pending = self.pending[key]
+        value = self.view(key, pending)
+        for t in prefix:
+            value = step(value, t)
+        return value
 
     def commit(self) -> list[Change]:
-        """Apply every write or none, then tell listeners and run ``after_commit`` hooks."""
-        records = self._apply() if self.writes else []
+        """Apply every write or none, then tell listeners and run ``after_commit`` hooks
+        (outside this transaction: async work they start does not inherit it)."""
+        if self.state is not TxState.OPEN:
+            raise CellError(f"the transaction is {self.state.value} already")
+        try:
+            records = self._apply() if any(p.ops for p in self.pending.values()) else []
+        except BaseException:
+            self.state = TxState.ABORTED
+            raise
+        self.state = TxState.COMMITTED
         hooks, self.after_commit = self.after_commit, []
         for hook in hooks:
             hook()
         return records
 
+    def abort(self) -> None:
+        self.state = TxState.ABORTED
+        self.pending = {}
+        self.after_commit = []
+
     def _apply(self) -> list[Change]:
         docs = self.docs
-        for key, root in self.writes.items():
+        docs.check_open("committing")
+        written = [(k, p) for k, p in self.pending.items() if p.ops]
+        # 1. everything that can fail, before the store: schemas, records (copies)
+        for key, pending in written:
             doc = docs.doc(key)
-            if doc.schema is not None:
-                try:
-                    validate(root, doc.schema, f"write to {doc.describe()}")
-                except SchemaError as e:
-                    written = dict.fromkeys(
-                        pointer(p) or "/" for k, p, _, _ in self.changes if k == key
-                    )
-                    e.args = (f"{e.args[0]}; nothing was committed (wrote {', '.join(written)})",)
-                    raise
+            compiled = doc.compiled
+            if compiled is None:
+                continue
+            try:
+                for path, value in pending.ops:
+                    compiled.check_write(path, value, lambda prefix, k=key: self.post(k, prefix),
+                                         lambda d=doc: f"write to {d.describe()}")
+            except SchemaError as e:
+                paths = dict.fromkeys(pointer(p) or "/" for p, _ in pending.ops)
+                e.args = (f"{e.args[0]}; nothing was committed (wrote {', '.join(paths)})",)
+                raise
+        records = [
+            Change(k.space, k.id, pointer(path), None if b is MISSING else copy_json(b),
+                   copy_json(v), k.scope)
+            for k, pending in written
+            for (path, v), b in zip(pending.ops, pending.befores, strict=True)
+        ]
+        writes = [Write(k, None, p.base, tuple(p.ops)) for k, p in written]
+        # 2. the store: all or nothing
         try:
-            versions = docs.store.commit(
-                [Write(k, v, docs.doc(k).version) for k, v in self.writes.items()]
+            versions = docs.store.commit(writes)
+        except ConflictError as e:
+            docs.reload([k for k, _ in written])  # another writer got there first: catch up
+            e.args = (
+                f"{e.args[0]}; nothing was committed. Another writer (a task or process) "
+                "committed to the same document since this transaction read it: run the "
+                "change again on the new state",
             )
-        except ConflictError:
-            docs.reload(list(self.writes))  # another writer got there first: catch up
             raise
+        # 3. the kernel: cannot fail from here on (paths were checked when written)
         with signals.batch():
-            for key, root in self.writes.items():
+            for key, pending in written:
                 doc = docs.doc(key)
                 doc.version = versions[key]
-                doc.node.set(root)
-        # copies: a listener that mutates a record must not reach the committed state
-        records = [
-            Change(k.space, k.id, pointer(p), None if b is MISSING else copy_json(b),
-                   copy_json(a), k.scope)
-            for k, p, b, a in self.changes
-        ]
-        self.writes = {}
+                node = doc.node
+                if pending.root is not MISSING:
+                    node.set(pending.root)
+                    continue
+                root = node.peek()
+                for path, value in pending.ops:
+                    if not path:
+                        root = value
+                        continue
+                    root = assign_in_place(root, path, value)
+                if root is node.peek():
+                    node.mutated()
+                else:
+                    node.set(root)
+        self.pending = {}
         for listener in list(docs.listeners):
             try:
                 listener(records)
             except Exception as e:  # the commit stands; an observer's bug is reported
                 docs.report(e, f"on_commit listener {listener!r}")
         return records
+
+
+def _can_assign(parent: Any, token: str | int) -> bool:
+    t = type(parent)
+    if t is dict:
+        return True
+    if t is list:
+        if type(token) is int:
+            return 0 <= token <= len(parent)
+        return isinstance(token, str) and token.isdigit() and int(token) <= len(parent)
+    return False
+
+
+def _assign_owned(root: Any, path: Path, value: Any, owned: dict[int, Any]) -> Any:
+    """``value`` at ``path`` in a working copy: containers along the path are copied once
+    (then owned by the transaction and changed in place), so the committed value they were
+    copied from is never touched."""
+    if not path:
+        return value
+    if id(root) not in owned:
+        root = list(root) if type(root) is list else dict(root)
+        owned[id(root)] = root
+    node = root
+    for token in path[:-1]:
+        i: Any = token if type(node) is dict else int(token)
+        child = node[i]
+        if id(child) not in owned:
+            child = list(child) if type(child) is list else dict(child)
+            owned[id(child)] = child
+            node[i] = child
+        node = child
+    assign_in_place(node, path[-1:], value)
+    return root
+

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
+from ..errors import NotJSONError
+
 Path = tuple[str | int, ...]
 
 LINK = "@link"
@@ -55,7 +59,12 @@ def parse_pointer(text: str) -> Path:
 
 
 def is_link(value: Any) -> bool:
-    return type(value) is dict and type(value.get(LINK)) is str
+    """A link is exactly ``{"@link": "<pointer>"}`` or that plus ``"scope"``. An object that
+    has an ``"@link"`` key beside other keys is plain data."""
+    if type(value) is not dict or type(value.get(LINK)) is not str:
+        return False
+    n = len(value)
+    return n == 1 or (n == 2 and type(value.get("scope")) is str)
 
 
 def step(value: Any, token: str | int) -> Any:
@@ -98,6 +107,26 @@ def assign(root: Any, path: Path, value: Any) -> Any:
     raise TypeError(head)
 
 
+def assign_in_place(root: Any, path: Path, value: Any) -> Any:
+    """Put ``value`` at ``path`` inside ``root`` itself (the caller owns ``root``; parents
+    exist, checked when the write was accepted). Returns the root (``value`` for ``()``)."""
+    if not path:
+        return value
+    parent = root
+    for token in path[:-1]:
+        parent = parent[token if type(parent) is dict else int(token)]
+    last = path[-1]
+    if type(parent) is dict:
+        parent[str(last)] = value
+    else:
+        i = int(last)
+        if i == len(parent):
+            parent.append(value)
+        else:
+            parent[i] = value
+    return root
+
+
 def copy_json(value: Any) -> Any:
     """A deep copy of a JSON value (fast path for scalars)."""
     t = type(value)
@@ -111,25 +140,101 @@ def copy_json(value: Any) -> Any:
 JSON_SCALARS = (str, int, float, bool, type(None))
 _INF = float("inf")
 
+MAX_NESTING = 100
+"""How deep a document may nest (objects and lists inside each other). Deeper values are
+refused when written, with a clear error, instead of failing later in a recursive step
+(serialising, validating, copying) after part of the work is done. A value that contains
+itself is caught by the same bound."""
 
-def check_json(value: Any, where: str = "value") -> Any:
-    """Copy ``value`` as plain JSON (tuples become lists), or raise naming the bad part."""
+
+def check_json(value: Any, where: str = "value", *, depth: int = 0,
+               links: list[Path] | None = None, made: list[Path] | None = None) -> Any:
+    """Copy ``value`` as plain JSON (tuples become lists), or raise ``NotJSONError`` naming
+    the bad part. ``depth`` is how deep the value will sit in its document. Objects with a
+    ``__json__()`` method (a ``Cell`` gives its link) and pydantic models are converted.
+    Links found in the data itself are collected into ``links`` (their paths) when given,
+    so the caller can refuse those the schema does not ask for; links made by code (from a
+    ``Cell``) into ``made``.
+
+    The copy runs without building any message text; only when it fails does a second,
+    slower pass find where, for the error."""
+    try:
+        return _check(value, depth, links, (), None, made)
+    except _Bad:
+        pass
+    _check(value, depth, None, (), where, None)  # raises NotJSONError naming the place
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Bad(Exception):
+    """The fast pass found something that is not JSON (the slow pass says where)."""
+
+
+def _check(value: Any, depth: int, links: list[Path] | None, at: Path,
+           where: str | None = None, made: list[Path] | None = None) -> Any:
     t = type(value)
     if t in JSON_SCALARS:
         if t is float and (value != value or value in (_INF, -_INF)):
-            raise TypeError(f"{where} is {'NaN' if value != value else value}, which JSON "
-                            "cannot hold")
+            if where is None:
+                raise _Bad
+            raise NotJSONError(f"{where} is {'NaN' if value != value else value}, which JSON "
+                               "cannot hold")
         return value
+    if depth >= MAX_NESTING:
+        if where is None:
+            raise _Bad
+        raise NotJSONError(
+            f"{where if len(where) < 80 else where[:77] + '...'} nests deeper than "
+            f"{MAX_NESTING} levels (or contains itself); "
+            "flatten it, or store the deep part as a JSON string"
+        )
+    d = depth + 1
     if t is dict:
         out = {}
         for k, v in value.items():
             if type(k) is not str:
-                raise TypeError(f"{where} has a non-string key {k!r}; JSON object keys are strings")
-            out[k] = check_json(v, f"{where}/{escape(k)}")
+                if where is None:
+                    raise _Bad
+                raise NotJSONError(
+                    f"{where} has a non-string key {k!r}; JSON object keys are strings")
+            out[k] = _check(v, d, links, (*at, k) if links is not None else at,
+                            None if where is None else f"{where}/{escape(k)}", made)
+        if links is not None and is_link(out):
+            links.append(at)
         return out
     if t is list or t is tuple:
-        return [check_json(v, f"{where}/{i}") for i, v in enumerate(value)]
-    raise TypeError(
+        if links is None and where is None:
+            return [_check(v, d, None, at) for v in value]
+        return [_check(v, d, links, (*at, i) if links is not None else at,
+                       None if where is None else f"{where}/{i}", made)
+                for i, v in enumerate(value)]
+    convert = getattr(value, "__json__", None)
+    if convert is not None and not isinstance(value, type):
+        if made is not None:
+            made.append(at)
+        return _check(convert(), depth, None, at, where)  # made by code, not outside data
+    if isinstance(value, BaseModel):
+        return _check(value.model_dump(mode="json"), depth, links, at, where, made)
+    if where is None:
+        raise _Bad
+    raise NotJSONError(
         f"{where} is a {t.__name__}, which is not JSON; use dict, list, str, int, float, "
-        "bool or None (convert pydantic models with .model_dump())"
+        "bool or None (or a pydantic model)"
     )
+
+
+def depth_of(value: Any) -> int:
+    """How many containers deep ``value`` nests (0 for a scalar), iteratively."""
+    best = 0
+    stack = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        t = type(v)
+        if t is dict:
+            stack.extend((x, d + 1) for x in v.values())
+        elif t is list:
+            stack.extend((x, d + 1) for x in v)
+        else:
+            continue
+        best = max(best, d + 1)
+    return best

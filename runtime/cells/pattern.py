@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from contextvars import ContextVar
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel
@@ -22,11 +24,13 @@ from .cell import Cell, Stream
 from .ids import derive
 from .jsonpath import check_json
 from .schema import SchemaLike, to_json_schema
+from .scope import Scope
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .documents import Documents
+    from .scheduler import Scheduler
 
-Scope = Literal["space", "user", "session"]
+ScopeName = Literal["space", "user", "session"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _builder: ContextVar[Builder | None] = ContextVar("celldialog_builder", default=None)
@@ -43,33 +47,34 @@ def _current(what: str) -> Builder:
 
 
 class Builder:
-    """Collects one instance's nodes while its pattern function runs."""
+    """Collects one instance's nodes while its pattern function runs. It holds what the
+    builders need (the documents, the event queue, the instance's identity), not the
+    runtime."""
 
-    def __init__(self, rt: Runtime, name: str, space: str, user: str | None,
-                 session: str | None, cause_id: str, scope: str) -> None:
-        self.rt = rt
+    def __init__(self, docs: Documents, scheduler: Scheduler, name: str, space: str,
+                 scope: Scope, cause_id: str) -> None:
+        self.docs = docs
+        self.scheduler = scheduler
         self.name = name
         self.space = space
-        self.user = user
-        self.session = session
+        self.scope = scope  # the instance's own scope (the narrowest of user / session)
         self.cause_id = cause_id
-        self.scope = scope  # the instance's own scope key (narrowest of user / session)
         self.counters: dict[str, int] = {}
         self.names: set[tuple[str, str]] = set()
         self.derived: list[DocKey] = []
         self.streams: list[Stream] = []
 
-    def scope_key(self, scope: Scope) -> str:
+    def scope_key(self, scope: ScopeName) -> str:
         if scope == "space":
             return ""
         if scope == "user":
-            if self.user is None:
+            if self.scope.user is None:
                 raise PatternError("a user-scoped cell needs rt.run(..., user=...)")
-            return f"user:{self.user}"
+            return Scope(self.scope.user).key
         if scope == "session":
-            if self.session is None:
+            if self.scope.session is None:
                 raise PatternError("a session-scoped cell needs rt.run(..., session=...)")
-            return session_scope(self.user, self.session)
+            return self.scope.key
         raise PatternError(f"unknown scope {scope!r}: use 'space', 'user' or 'session'")
 
     def key(self, kind: str, name: str | None, scope: str) -> DocKey:
@@ -90,15 +95,10 @@ class Builder:
         return f"{self.name}.{name}" if name else f"{self.name}.{kind}#{self.counters[kind] - 1}"
 
 
-def session_scope(user: str | None, session: str) -> str:
-    """A session's scope key names its user too, so sessions of two users never meet."""
-    return f"session:{user}/{session}" if user else f"session:{session}"
-
-
 # ---------------------------------------------------------------------------- builders
 
 
-def cell(value: Any = None, schema: SchemaLike | None = None, *, scope: Scope = "space",
+def cell(value: Any = None, schema: SchemaLike | None = None, *, scope: ScopeName = "space",
          name: str | None = None) -> Cell:
     """A stored cell of this pattern instance, created with ``value`` the first time.
 
@@ -110,18 +110,22 @@ def cell(value: Any = None, schema: SchemaLike | None = None, *, scope: Scope = 
     key = b.key("cell", name, b.scope_key(scope))
     label = b.label("cell", name)
     initial = check_json(value, f"initial value of {label}")
-    b.rt.docs.declare(key, initial, js, label=label)
-    return Cell(b.rt.docs, key, (), js)
+    b.docs.declare(key, initial, js, label=label)
+    return Cell(b.docs, key, (), js)
 
 
 def computed(fn: Callable[[], Any], *, name: str | None = None) -> Cell:
     """A cell whose value is ``fn()``, recomputed when a cell it read changes. It runs only
     when something live (a sink, an effect) needs it, and at most once per commit."""
-    b = _current("computed()")
-    key = b.key("derived", name, b.scope)
-    b.rt.docs.derive(key, fn, b.label("derived", name or getattr(fn, "__name__", None)))
+    return _derived(fn, name, "computed()")
+
+
+def _derived(fn: Callable[[], Any], name: str | None, what: str) -> Cell:
+    b = _current(what)
+    key = b.key("derived", name, b.scope.key)
+    b.docs.derive(key, fn, b.label("derived", name or getattr(fn, "__name__", None)))
     b.derived.append(key)
-    return Cell(b.rt.docs, key)
+    return Cell(b.docs, key)
 
 
 def lift(fn: Callable[..., Any]) -> Callable[..., Cell]:
@@ -136,7 +140,7 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Cell]:
             return fn(*a, **k)
 
         run.__name__ = getattr(fn, "__name__", "lift")
-        return computed(run)
+        return _derived(run, None, f"lift({run.__name__})(...)")
 
     return node
 
@@ -146,6 +150,13 @@ class Handler:
 
     def __init__(self, fn: Callable[..., Any], event_schema: dict[str, Any] | None,
                  event_model: type[BaseModel] | None = None) -> None:
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            raise PatternError(
+                f"handler {fn.__name__} is `async def`, but handlers run synchronously inside "
+                "their transaction (an await there would never run). Make it a plain `def` "
+                "and start async work from it with current_runtime().spawn(work, "
+                "owner=current_instance()): it starts once the handler commits"
+            )
         self.fn = fn
         self.name = fn.__name__
         self.event_schema = event_schema
@@ -179,10 +190,10 @@ class Handler:
         ]
         if missing:
             raise BindingError(f"handler {self.name} is missing bindings for {missing}")
-        key = b.key("stream", None, b.scope)
-        b.rt.docs.declare(key, {"$stream": True}, None, label=self.name, overwrite=True)
-        stream = Stream(b.rt.scheduler, key, self, dict(bindings), self.name)
-        b.rt.docs.streams[key] = stream
+        key = b.key("stream", None, b.scope.key)
+        b.docs.declare(key, {"$stream": True}, None, label=self.name, overwrite=True,
+                       readonly="it is a stream: send events to it instead")
+        stream = Stream(b.scheduler, key, self, dict(bindings), self.name)
         b.streams.append(stream)
         return stream
 
@@ -227,12 +238,23 @@ def _event_annotation(f: Callable[..., Any]) -> Any:
 class Pattern:
     """A graph recipe; ``rt.run(p, args)`` instantiates it."""
 
-    def __init__(self, fn: Callable[..., Any], argument_schema: dict[str, Any] | None) -> None:
+    def __init__(self, fn: Callable[..., Any], argument_schema: dict[str, Any] | None,
+                 name: str | None = None) -> None:
         self.fn = fn
         self.name = fn.__name__
-        self.key = f"{fn.__module__}.{fn.__qualname__}"
-        self.argument_schema = argument_schema
+        # the identity its documents derive from: stable across restarts, and the same
+        # whether its module runs as a script or is imported (see _module_name)
+        self.key = name if name is not None else f"{_module_name(fn)}.{fn.__qualname__}"
         self.signature = inspect.signature(fn)
+        if argument_schema is None:
+            # at least: the arguments are an object with the required ones present, so a
+            # bad write to inst.argument is refused instead of breaking the instance
+            params = self.signature.parameters.values()
+            required = [p.name for p in params if p.default is p.empty
+                        and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+            argument_schema = {"type": "object", "required": required} if required else {
+                "type": "object"}
+        self.argument_schema = argument_schema
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -273,16 +295,37 @@ class Pattern:
 @overload
 def pattern(fn: F, /) -> Pattern: ...
 @overload
-def pattern(*, argument_schema: SchemaLike | None = None) -> Callable[[F], Pattern]: ...
+def pattern(*, argument_schema: SchemaLike | None = None, name: str | None = None
+            ) -> Callable[[F], Pattern]: ...
 
 
 def pattern(fn: Callable[..., Any] | None = None, /, *,
-            argument_schema: SchemaLike | None = None
+            argument_schema: SchemaLike | None = None, name: str | None = None
             ) -> Pattern | Callable[[Callable[..., Any]], Pattern]:
     """``@pattern``: a function that builds a graph from its arguments (cells, not values)
-    and returns its outputs (cells, streams, plain JSON, nested in dicts and lists)."""
+    and returns its outputs (cells, streams, plain JSON, nested in dicts and lists).
+
+    ``name`` fixes the pattern's identity (its documents derive from it); by default it is
+    ``<module>.<function>``, so moving or renaming the function starts fresh documents."""
+    if name is not None and (not isinstance(name, str) or not name):
+        raise PatternError(f"@pattern(name=...) must be a non-empty string, got {name!r}")
 
     def wrap(f: Callable[..., Any]) -> Pattern:
-        return Pattern(f, to_json_schema(argument_schema))
+        return Pattern(f, to_json_schema(argument_schema), name)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _module_name(fn: Callable[..., Any]) -> str:
+    """``fn``'s module as an import would name it: a module run as a script is
+    ``__main__``, which would give its patterns a different identity from the same module
+    imported; use the name ``python -m`` ran it under, or the file's name."""
+    module = fn.__module__
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return str(spec.name)
+    file = getattr(main, "__file__", None)
+    return PurePath(file).stem if file else module

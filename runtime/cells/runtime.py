@@ -1,24 +1,57 @@
-"""``Runtime``: owns the documents, the event queue, the async work and the instances."""
+"""``Runtime``: owns the documents, the event queue, the async work and the instances.
+
+Its lifecycle is one state (NEW, OPEN inside ``async with``, CLOSED after); a closed runtime
+refuses writes and new instances with ``ClosedError``. A handler reaches the runtime and
+instance it runs for with ``current_runtime()`` / ``current_instance()``.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
+from enum import Enum
 from types import TracebackType
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
-from ..errors import PatternError, StreamError
+from ..errors import ClosedError, PatternError, StreamError
 from ..storage import DocKey, Store, open_store
 from .cell import Cell, Stream, writing
-from .documents import Change, Documents
+from .documents import Change, Documents, current_transaction
 from .ids import canonical, derive
 from .jsonpath import MISSING, check_json
-from .pattern import Builder, Pattern, _builder, session_scope
-from .scheduler import MAX_CHAIN, Scheduler
+from .pattern import Builder, Pattern, _builder
+from .scheduler import MAX_CHAIN, Scheduler, running_stream
+from .scope import Scope
+
+__all__ = ["Instance", "Runtime", "current_instance", "current_runtime"]
+
+
+def current_instance() -> Instance:
+    """The instance whose handler is running in this task (``PatternError`` outside a
+    handler). With it a handler can start async work it owns:
+    ``current_runtime().spawn(work, owner=current_instance())``."""
+    stream = running_stream()
+    if stream is None or stream.owner is None:
+        raise PatternError(
+            "current_instance() is only known while a handler runs (call it inside the "
+            "handler, not in work it started: pass what that work needs as arguments)"
+        )
+    return stream.owner
+
+
+def current_runtime() -> Runtime:
+    """The runtime whose handler is running in this task (``PatternError`` outside one)."""
+    return current_instance().runtime
+
+
+class _State(Enum):
+    NEW = "new"
+    OPEN = "open"
+    CLOSED = "closed"
 
 
 class Instance:
@@ -32,8 +65,9 @@ class Instance:
         self.argument = argument
         self.streams = streams
         self.space = builder.space
-        self.user = builder.user
-        self.session = builder.session
+        self.scope = builder.scope
+        self.user = builder.scope.user
+        self.session = builder.scope.session
         self.cause = builder.cause_id
         self._key = key
         self._builder = builder
@@ -53,7 +87,7 @@ class Instance:
     async def send(self, name: str, event: Any) -> None:
         """Send ``event`` to the stream ``name`` and run it (and anything queued before it).
         Raises the handler's error if it failed; the failed handler committed nothing."""
-        if self.runtime.docs.tx is not None:
+        if current_transaction() is not None:
             raise StreamError(
                 f"await send({name!r}) inside an open transaction would run the handler in "
                 "the middle of it: send after the `with rt.transaction()` block, or queue the "
@@ -90,11 +124,15 @@ class Runtime:
         self.scheduler = Scheduler(self.docs, wake=self._poke, max_chain=max_event_chain)
         self._instances: dict[tuple[Any, ...], Instance] = {}
         self._tg: TaskGroup | None = None
+        self._state = _State.NEW
         self._inflight = 0
 
     # -- lifecycle -------------------------------------------------------------------
 
     async def __aenter__(self) -> Runtime:
+        if self._state is not _State.NEW:
+            raise ClosedError(f"a Runtime is entered once; this one is {self._state.value}")
+        self._state = _State.OPEN
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -114,12 +152,15 @@ class Runtime:
                 await tg.__aexit__(None, None, None)
             return None
         finally:
+            self._state = _State.CLOSED
+            self.docs.closed = True
             self.store.close()
 
     @property
     def errors(self) -> list[tuple[str, BaseException]]:
-        """Errors with no caller to raise to: failed queued events, failing sinks."""
-        return self.docs.errors
+        """Errors with no caller to raise to (failed queued events, failing sinks), as
+        ``(where, error)``: the newest 1,000 (each is also logged on "celldialog")."""
+        return list(self.docs.errors)
 
     def on_commit(self, listener: Callable[[list[Change]], None]) -> Callable[[], None]:
         """Call ``listener(changes)`` after every commit; returns the unsubscribe."""
@@ -134,10 +175,15 @@ class Runtime:
         """Instantiate ``pattern`` (or return the running instance with the same identity).
 
         The instance's documents are named by ``cause`` (default: the pattern and its
-        arguments), so re-running after a restart finds the same documents.
+        arguments), so re-running after a restart finds the same documents. ``user`` and
+        ``session`` are opaque non-empty strings; no two distinct pairs share documents.
         """
+        self.docs.check_open(f"rt.run({getattr(pattern, 'name', pattern)!r})")
         if not isinstance(pattern, Pattern):
             raise PatternError(f"rt.run() takes a @pattern, got {pattern!r}")
+        if not isinstance(space, str) or not space:
+            raise PatternError(f"space must be a non-empty string, got {space!r}")
+        scope = Scope.of(user, session)
         args = check_json({} if args is None else args, "pattern arguments")
         if not isinstance(args, dict):
             raise PatternError(f"pattern arguments must be a dict, got {type(args).__name__}")
@@ -145,18 +191,17 @@ class Runtime:
         if cause is not None:
             cause = check_json(cause, "cause")
         cause_id = derive("instance", pattern.key, canonical(args) if cause is None else cause)
-        scope = session_scope(user, session) if session else f"user:{user}" if user else ""
-        ident = (pattern.key, cause_id, space, scope)
+        ident = (pattern.key, cause_id, space, scope.key)
         running = self._instances.get(ident)
         if running is not None:
             return running
-        builder = Builder(self, pattern.name, space, user, session, cause_id, scope)
-        arg_key = DocKey(space, scope, derive(cause_id, "argument"))
+        builder = Builder(self.docs, self.scheduler, pattern.name, space, scope, cause_id)
+        arg_key = DocKey(space, scope.key, derive(cause_id, "argument"))
         # the arguments initialise the argument cell; after that it is state (edits made
-        # through inst.argument survive a restart)
-        self.docs.declare(arg_key, args, pattern.argument_schema, f"{pattern.name} argument")
+        # through inst.argument survive a restart), checked against the argument schema
         argument = Cell(self.docs, arg_key, (), pattern.argument_schema)
         params = pattern.bind_arguments(argument, args)
+        self.docs.declare(arg_key, args, pattern.argument_schema, f"{pattern.name} argument")
         token = _builder.set(builder)
         try:
             output = pattern.fn(**params)
@@ -164,10 +209,16 @@ class Runtime:
             _builder.reset(token)
         streams: dict[str, Stream] = {}
         value = _to_document(output, (), streams)
-        res_key = DocKey(space, scope, derive(cause_id, "result"))
-        self.docs.declare(res_key, value, None, f"{pattern.name} result", overwrite=True)
+        res_key = DocKey(space, scope.key, derive(cause_id, "result"))
+        self.docs.declare(
+            res_key, value, None, f"{pattern.name} result", overwrite=True,
+            readonly="an instance's result is written by the runtime; write the cells it "
+            "names (a write through one of its links lands on the cell)",
+        )
         inst = Instance(self, pattern, ident, Cell(self.docs, res_key), argument, builder,
                         streams)
+        for stream in builder.streams:
+            stream.owner = inst
         self._instances[ident] = inst
         return inst
 
@@ -181,7 +232,6 @@ class Runtime:
             scope.cancel()
         for stream in instance._builder.streams:
             stream.stopped = True
-            self.docs.streams.pop(stream._key, None)
         for key in instance._builder.derived:
             self.docs.forget(key)
         self._instances.pop(instance._key, None)
@@ -196,8 +246,8 @@ class Runtime:
     async def settled(self) -> None:
         """Return when no graph work is runnable and no async work (LLM turns, tool runs)
         is in flight."""
-        if self.docs.tx is not None:
-            raise RuntimeError(
+        if current_transaction() is not None:
+            raise StreamError(
                 "settled() inside an open transaction would wait for events that cannot run "
                 "until it commits: call it after the `with rt.transaction()` block"
             )
@@ -219,10 +269,7 @@ class Runtime:
               owner: Instance | None = None, name: str = "task") -> anyio.CancelScope:
         """Start async work that ``settled()`` waits for; stopping ``owner`` cancels it.
         Errors are reported in ``rt.errors``, never lost."""
-        if self._tg is None:
-            raise RuntimeError("async work needs a running runtime: use `async with Runtime()`")
-        if self._tg is None:
-            raise RuntimeError("async work needs a running runtime: use `async with Runtime()`")
+        self._check_running("spawn()")
         scope = anyio.CancelScope()
         tx = self.docs.tx
         if tx is not None:
@@ -234,8 +281,8 @@ class Runtime:
 
     def _start(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
                owner: Instance | None, name: str, scope: anyio.CancelScope) -> None:
-        if self._tg is None:
-            raise RuntimeError("async work needs a running runtime: use `async with Runtime()`")
+        self._check_running("spawn()")
+        assert self._tg is not None
         if owner is not None:
             if owner.stopped:
                 return
@@ -255,6 +302,12 @@ class Runtime:
                 self._poke()
 
         self._tg.start_soon(tracked, name=name)
+
+    def _check_running(self, what: str) -> None:
+        if self._state is not _State.OPEN:
+            if self._state is _State.CLOSED:
+                raise ClosedError(f"{what} after the runtime closed")
+            raise ClosedError(f"{what} needs a running runtime: use `async with Runtime()`")
 
     def transaction(self) -> AbstractContextManager[Any]:
         """``with rt.transaction():`` groups writes made outside handlers (by async work, a

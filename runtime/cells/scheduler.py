@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CycleError, StreamError
+from ..errors import CycleError, LinkError, StreamError
 from . import signals
-from .documents import Documents, Transaction
-from .jsonpath import check_json, copy_json
-from .schema import validate
+from .documents import Documents, Transaction, TxState, current_transaction
+from .jsonpath import Path, check_json, copy_json, pointer
+from .schema import asks_for_link, subschema, validate
 
 if TYPE_CHECKING:
     from .cell import Stream
@@ -25,14 +26,13 @@ MAX_CHAIN = 1000
 
 
 class Event:
-    __slots__ = ("awaited", "depth", "done", "error", "parent", "payload", "stream")
+    __slots__ = ("awaited", "depth", "error", "parent", "payload", "stream")
 
     def __init__(self, stream: Stream, payload: Any, parent: Event | None) -> None:
         self.stream = stream
         self.payload = payload
         self.parent = parent
         self.depth = parent.depth + 1 if parent else 0
-        self.done = False
         self.awaited = False  # a sender waits for it: errors go to them, not to rt.errors
         self.error: BaseException | None = None
 
@@ -51,9 +51,18 @@ class Scheduler:
     def enqueue(self, stream: Stream, payload: Any) -> Event:
         if stream.stopped:
             raise StreamError(f"{stream!r} belongs to a stopped instance; nothing will handle it")
-        payload = check_json(payload, f"event for {stream.name}")
-        if stream.handler.event_schema is not None:  # the sender hears of a bad event now
-            validate(payload, stream.handler.event_schema, f"event for {stream.name}")
+        links: list[Path] = []
+        payload = check_json(payload, f"event for {stream.name}", links=links)
+        schema = stream.handler.event_schema
+        for at in links:  # links from outside arrive only where the schema asks for one
+            if not asks_for_link(subschema(schema, at)):
+                raise LinkError(
+                    f"event for {stream.name}{pointer(at)} is a link, and events may carry "
+                    "links only where the handler's event schema asks for one "
+                    "({'asCell': true}); send the data itself"
+                )
+        if schema is not None:  # the sender hears of a bad event now
+            validate(payload, schema, lambda: f"event for {stream.name}")
         tx = self._tx
         if tx is not None:
             # sent while a handler or its commit's sinks run: leaves, in the order sent, only
@@ -73,7 +82,7 @@ class Scheduler:
     def drain(self) -> None:
         """Run queued events until the queue is empty (re-entrant calls return at once, and
         so does a call made while a transaction is open: its events wait for the commit)."""
-        if self._draining or self.docs.tx is not None:
+        if self._draining or current_transaction() is not None:
             return
         self._draining = True
         try:
@@ -84,10 +93,9 @@ class Scheduler:
 
     def _run(self, ev: Event) -> None:
         stream = ev.stream
-        docs = self.docs
         self.current = ev
-        tx = self._tx = Transaction(docs)
-        docs.tx = tx
+        tx = self._tx = Transaction(self.docs)
+        token = _running.set(stream)
         try:
             if stream.stopped:
                 raise StreamError(f"{stream!r} was stopped before its event ran")
@@ -95,21 +103,29 @@ class Scheduler:
             event = copy_json(ev.payload)  # validated when it was sent
             if handler.event_model is not None:
                 event = handler.event_model.model_validate(event)
-            with signals.untracked():
+            with tx.bound(), signals.untracked():
                 handler.fn(event, **stream.bindings)
-            docs.tx = None
             tx.commit()
             for target, payload in tx.outbox:
                 self._push(target, payload, ev)
         except Exception as e:
+            if tx.state is TxState.OPEN:
+                tx.abort()
             ev.error = e
             if not ev.awaited:
-                docs.report(e, f"handler {stream.name}")
+                self.docs.report(e, f"handler {stream.name}")
         finally:
-            docs.tx = None
+            _running.reset(token)
             self._tx = None
             self.current = None
-            ev.done = True
+
+
+_running: ContextVar[Stream | None] = ContextVar("celldialog_handler", default=None)
+
+
+def running_stream() -> Stream | None:
+    """The stream whose handler is running in this task, if any."""
+    return _running.get()
 
 
 def _chain_cycle(ev: Event, limit: int) -> CycleError:

@@ -1,61 +1,221 @@
-"""Schemas: JSON Schema, or a pydantic model / Python type converted with pydantic."""
+"""Schemas: JSON Schema, or a pydantic model / Python type converted with pydantic.
+
+A schema is compiled once (``compile_schema``) and validates two ways:
+
+- ``validate``: a whole value, when a document is created or replaced;
+- ``check_write``: one write at a path, looking only at what the write changed. The walk
+  goes down the schema along the path through the keywords that a write *inside* a
+  container cannot break (``properties``, ``items``, ``type``, ``required``...), then
+  validates the written value against the schema it lands in. At a level whose schema says
+  something about the container as a whole that the write could break (``maxItems``,
+  ``uniqueItems``, ``enum``, ``anyOf``, a non-local ``$ref``...) it validates that whole
+  container instead. So appending to a 100,000-item list checks the new item, not the list.
+
+Types are strict, as JSON is: ``2.0`` is a number but not an ``integer``, ``true`` neither.
+Error text is built only when a value fails.
+"""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 from pydantic import TypeAdapter
 
 from ..errors import SchemaError
-from .ids import canonical
-from .jsonpath import pointer
+from .jsonpath import Path, parse_pointer, pointer
 
 SchemaLike = dict[str, Any] | type | Any
+Where = str | Callable[[], str]
+
+__all__ = ["CompiledSchema", "SchemaLike", "asks_for_link", "compile_schema", "subschema",
+           "to_json_schema", "validate"]
+
+# Keywords that a write strictly inside a container cannot make fail (it replaces or adds a
+# child; it never removes one or changes the container's type), or that only annotate.
+_INSIDE_SAFE = frozenset({
+    "type", "properties", "items", "additionalProperties", "required", "minItems",
+    "minProperties", "title", "description", "default", "examples", "$comment", "$schema",
+    "$id", "$defs", "definitions", "readOnly", "writeOnly", "deprecated", "asCell",
+})
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
+                          "readOnly", "writeOnly", "deprecated"})
 
 
 def to_json_schema(schema: SchemaLike | None) -> dict[str, Any] | None:
-    """Normalise a schema argument: None, a JSON Schema dict, or a type pydantic understands."""
-    if schema is None or isinstance(schema, dict):
-        if isinstance(schema, dict):
-            jsonschema.validators.validator_for(schema).check_schema(schema)
+    """Normalise a schema argument: None, a JSON Schema dict, or a type pydantic understands.
+    An invalid JSON Schema raises ``SchemaError`` naming the problem."""
+    if schema is None:
+        return None
+    if isinstance(schema, dict):
+        cls = jsonschema.validators.validator_for(schema)
+        try:
+            cls.check_schema(schema)
+        except jsonschema.SchemaError as e:
+            where = pointer(tuple(e.absolute_path)) or "/"
+            raise SchemaError(
+                f"invalid JSON Schema: at {where} {_short(e.message)}; see "
+                "https://json-schema.org/understanding-json-schema/",
+                path=where, rule=str(e.validator),
+            ) from None
         return schema
+    if isinstance(schema, bool):
+        raise SchemaError(f"a schema must be a JSON Schema dict or a type, got {schema!r}")
     try:
         return TypeAdapter(schema).json_schema()
     except Exception as e:  # pydantic raises several error types for unsupported types
-        raise TypeError(
-            f"cannot derive a JSON Schema from {schema!r}: {e}. "
+        raise SchemaError(
+            f"cannot derive a JSON Schema from {schema!r}: {_short(str(e))}. "
             "Pass a JSON Schema dict, a pydantic model or a plain Python type"
         ) from None
 
 
-@lru_cache(maxsize=1024)
-def _validator(text: str) -> jsonschema.protocols.Validator:
-    import json
+def _strict(cls: Any) -> Any:
+    checker = cls.TYPE_CHECKER.redefine_many({
+        "integer": lambda _, v: type(v) is int,
+        "number": lambda _, v: type(v) is int or type(v) is float,
+    })
+    return jsonschema.validators.extend(cls, type_checker=checker)
 
-    schema = json.loads(text)
-    cls = jsonschema.validators.validator_for(schema)
-    return cls(schema)
+
+_STRICT: dict[Any, Any] = {}
 
 
-def validate(value: Any, schema: dict[str, Any] | None, where: str) -> None:
+class CompiledSchema:
+    """One schema, its validator and the validators of its subschemas, made once."""
+
+    __slots__ = ("_subs", "schema", "validator")
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        base = jsonschema.validators.validator_for(schema)
+        cls = _STRICT.get(base)
+        if cls is None:
+            cls = _STRICT[base] = _strict(base)
+        self.schema = schema
+        self.validator = cls(schema)
+        self._subs: dict[int, tuple[Any, Any]] = {}
+
+    def _for(self, sub: Any) -> Any:
+        if sub is self.schema:
+            return self.validator
+        hit = self._subs.get(id(sub))
+        if hit is None or hit[0] is not sub:
+            # evolve keeps the root's resolver: a $ref inside the subschema still resolves
+            hit = self._subs[id(sub)] = (sub, self.validator.evolve(schema=sub))
+        return hit[1]
+
+    def validate(self, value: Any, where: Where, sub: Any = None, at: Path = ()) -> None:
+        """Raise ``SchemaError`` if ``value`` (sitting at ``at`` in its document) fails the
+        schema (or the subschema ``sub`` of it)."""
+        validator = self._for(self.schema if sub is None else sub)
+        try:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        except RecursionError:
+            raise SchemaError(
+                f"invalid {_text(where)}: at {pointer(at) or '/'} the value nests too deeply "
+                "to validate against its schema", path=pointer(at), rule="depth",
+            ) from None
+        if error is None:
+            return
+        path = pointer(at + tuple(error.absolute_path))
+        raise SchemaError(
+            f"invalid {_text(where)}: at {path or '/'} {_short(error.message)} "
+            f"(schema rule {error.validator!r})",
+            path=path,
+            rule=str(error.validator),
+        )
+
+    def check_write(self, path: Path, value: Any, post: Callable[[Path], Any],
+                    where: Where) -> None:
+        """Validate a write of ``value`` at ``path``: the value against the schema it lands
+        in, and any container above it whose schema the write could break (whole, read
+        through ``post(prefix)``, which gives the value there after the write)."""
+        schema: Any = self.schema
+        for i, token in enumerate(path):
+            schema = self._deref(schema)
+            if schema is None:
+                return  # unconstrained from here down
+            if schema is False or not isinstance(schema, dict):
+                break  # let the validator explain
+            if not _INSIDE_SAFE.issuperset(schema):
+                self.validate(post(path[:i]), where, schema, path[:i])
+                return
+            child = _child(schema, token)
+            if child is _WHOLE:
+                self.validate(post(path[:i]), where, schema, path[:i])
+                return
+            schema = child
+        else:
+            schema = self._deref(schema)
+            if schema is None:
+                return
+        self.validate(value, where, schema, path)
+
+    def _deref(self, schema: Any) -> Any:
+        """Follow local ``$ref``s that stand alone (annotations aside); None: no constraint."""
+        for _ in range(32):
+            if schema is True or schema == {}:
+                return None
+            if not isinstance(schema, dict) or "$ref" not in schema:
+                return schema
+            if not _ANNOTATIONS.issuperset(k for k in schema if k != "$ref"):
+                return schema  # $ref with siblings: validated as a whole where it is
+            ref = schema["$ref"]
+            if not isinstance(ref, str) or not ref.startswith("#"):
+                return schema
+            try:
+                target: Any = self.schema
+                for t in parse_pointer(ref[1:]):
+                    target = target[t] if isinstance(target, dict) else target[int(t)]
+            except (KeyError, IndexError, ValueError, TypeError):
+                return schema
+            schema = target
+        return schema
+
+
+_WHOLE: Any = object()
+
+
+def _child(schema: dict[str, Any], token: str | int) -> Any:
+    """The schema a child lands in, ``None`` for none, ``_WHOLE`` when only validating the
+    container as a whole can tell (a key ``additionalProperties: false`` forbids)."""
+    props = schema.get("properties")
+    if isinstance(props, dict) and str(token) in props:
+        return props[str(token)]
+    items = schema.get("items")
+    if items is not None and (type(token) is int or str(token).isdigit()):
+        if isinstance(items, dict | bool):
+            return items if items is not True else None
+        return _WHOLE
+    extra = schema.get("additionalProperties")
+    if extra is False:
+        return _WHOLE
+    if isinstance(extra, dict):
+        return extra
+    return None
+
+
+_COMPILED: dict[int, CompiledSchema] = {}
+
+
+def compile_schema(schema: dict[str, Any]) -> CompiledSchema:
+    """The compiled form of ``schema``, made once per schema object."""
+    hit = _COMPILED.get(id(schema))
+    if hit is not None and hit.schema is schema:
+        return hit
+    if len(_COMPILED) > 4096:
+        _COMPILED.clear()
+    hit = _COMPILED[id(schema)] = CompiledSchema(schema)
+    return hit
+
+
+def validate(value: Any, schema: dict[str, Any] | None, where: Where) -> None:
     """Raise ``SchemaError`` naming the path inside ``value`` and the rule that failed;
-    ``where`` completes "invalid ...", e.g. ``"write to todo.items (/ab12)"``."""
-    if schema is None:
-        return
-    error = jsonschema.exceptions.best_match(_validator(canonical(schema)).iter_errors(value))
-    if error is None:
-        return
-    path = pointer(tuple(error.absolute_path))
-    detail = error.message  # it quotes the bad value: keep it short (values may be large)
-    if len(detail) > 160:
-        detail = detail[:157] + "..."
-    raise SchemaError(
-        f"invalid {where}: at {path or '/'} {detail} (schema rule {error.validator!r})",
-        path=path,
-        rule=str(error.validator),
-    )
+    ``where`` completes "invalid ...", e.g. ``"write to todo.items (/ab12)"`` (a callable
+    is called only when there is an error to describe)."""
+    if schema is not None:
+        compile_schema(schema).validate(value, where)
 
 
 def subschema(schema: dict[str, Any] | None, path: tuple[Any, ...]) -> dict[str, Any] | None:
@@ -73,3 +233,17 @@ def subschema(schema: dict[str, Any] | None, path: tuple[Any, ...]) -> dict[str,
         else:
             return None
     return schema
+
+
+def asks_for_link(schema: Any) -> bool:
+    """Whether a schema asks for a link to a cell (``{"asCell": true}``), the only place
+    links arriving in data from outside are honoured."""
+    return isinstance(schema, dict) and schema.get("asCell") is True
+
+
+def _text(where: Where) -> str:
+    return where() if callable(where) else where
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
