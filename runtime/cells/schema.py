@@ -24,6 +24,7 @@ import jsonschema
 from pydantic import TypeAdapter
 
 from ..errors import SchemaError
+from .fastcheck import Check, compile_check
 from .jsonpath import Path, parse_pointer, pointer
 
 SchemaLike = dict[str, Any] | type | Any
@@ -85,7 +86,7 @@ _STRICT: dict[Any, Any] = {}
 class CompiledSchema:
     """One schema, its validator and the validators of its subschemas, made once."""
 
-    __slots__ = ("_subs", "schema", "validator")
+    __slots__ = ("_fast", "_subs", "schema", "validator")
 
     def __init__(self, schema: dict[str, Any]) -> None:
         base = jsonschema.validators.validator_for(schema)
@@ -95,6 +96,14 @@ class CompiledSchema:
         self.schema = schema
         self.validator = cls(schema)
         self._subs: dict[int, tuple[Any, Any]] = {}
+        self._fast: dict[int, tuple[Any, Check | None]] = {}
+
+    def _fast_check(self, sub: Any) -> Check | None:
+        hit = self._fast.get(id(sub))
+        if hit is None or hit[0] is not sub:
+            hit = self._fast[id(sub)] = (sub, compile_check(sub) if sub is self.schema
+                                         else _sub_check(self.schema, sub))
+        return hit[1]
 
     def _for(self, sub: Any) -> Any:
         if sub is self.schema:
@@ -108,7 +117,15 @@ class CompiledSchema:
     def validate(self, value: Any, where: Where, sub: Any = None, at: Path = ()) -> None:
         """Raise ``SchemaError`` if ``value`` (sitting at ``at`` in its document) fails the
         schema (or the subschema ``sub`` of it)."""
-        validator = self._for(self.schema if sub is None else sub)
+        sub = self.schema if sub is None else sub
+        fast = self._fast_check(sub)
+        if fast is not None:
+            try:
+                if fast(value):
+                    return  # surely valid; only a failure needs jsonschema (and its words)
+            except RecursionError:
+                pass
+        validator = self._for(sub)
         try:
             error = jsonschema.exceptions.best_match(validator.iter_errors(value))
         except RecursionError:
@@ -175,6 +192,14 @@ class CompiledSchema:
 
 
 _WHOLE: Any = object()
+
+
+def _sub_check(root: dict[str, Any], sub: Any) -> Check | None:
+    """The fast check of a subschema, resolving its local refs against the root."""
+    if isinstance(root, dict) and ("$defs" in root or "definitions" in root) \
+            and isinstance(sub, dict):
+        sub = {**sub, **{k: root[k] for k in ("$defs", "definitions") if k in root}}
+    return compile_check(sub)
 
 
 def _child(schema: dict[str, Any], token: str | int) -> Any:
