@@ -1,6 +1,7 @@
 """From a model name (and optional provider) to a ready ``Model``.
 
-Precedence everywhere: explicit arguments, then environment variables, then ``.env``.
+This is the one place configuration is read: precedence everywhere is explicit arguments,
+then environment variables, then ``.env``. The adapters themselves take explicit values only.
 The name decides the provider unless one is given: ``provider:model``, ``claude-*`` for
 Anthropic, ``gpt-*`` / ``o1``.. / ``chatgpt-*`` for OpenAI, or a catalog alias (``sonnet``,
 ``mini``...). Adapters are imported only when chosen, so using one never loads the other.
@@ -18,9 +19,10 @@ from . import catalog
 from .config import DEFAULT_MODEL_VAR, PROVIDER_VARS, Settings
 from .errors import ConfigurationError
 from .model import Model
-from .safety import display_url, is_loopback_url, safe_base_url
+from .safety import check_api_key, check_base_url, is_loopback_url
 
 PROVIDERS: tuple[str, ...] = tuple(PROVIDER_VARS)
+_LABELS = {"anthropic": "Anthropic", "openai": "OpenAI"}
 
 _BY_PREFIX: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^claude-"), "anthropic"),
@@ -104,7 +106,9 @@ def model_settings(
     """Resolve name, provider, key and base URL without building anything.
 
     Raises ``ConfigurationError`` for an unknown name, a missing key (except for an OpenAI
-    loopback base URL: local servers rarely want one) or a base URL a key must not be sent to.
+    loopback base URL: local servers rarely want one), a base URL a key must not be sent to
+    or that cannot be used at all, or a key that cannot go in an HTTP header; the checks are
+    the adapters' own (``safety.check_base_url``, ``safety.check_api_key``).
     """
     settings = Settings(env, dotenv_path)
     if not (name and name.strip()):
@@ -117,11 +121,8 @@ def model_settings(
     names = PROVIDER_VARS[chosen]
     key = api_key or settings.get(names.api_key)
     url = base_url or settings.get(names.base_url)
-    if not safe_base_url(url):
-        raise ConfigurationError(
-            f"refusing to send a {chosen} API key to {display_url(url or '')!r}: use https, "
-            "or http only to a loopback address (127.0.0.1, localhost)"
-        )
+    if url:
+        check_base_url(url, _LABELS[chosen])
     # a local OpenAI-compatible server needs no key (the adapter makes the same exception)
     keyless = chosen == "openai" and is_loopback_url(url)
     if not key and not keyless:
@@ -129,6 +130,8 @@ def model_settings(
             f"no API key for {chosen}: set {names.api_key} (environment or .env) "
             "or pass api_key="
         )
+    if key:
+        check_api_key(key, _LABELS[chosen])
     return ModelSettings(chosen, model, key, url)
 
 
@@ -153,5 +156,4 @@ def resolve_model(
         return AnthropicModel(s.model, s.api_key, s.base_url, **options)
     from .providers.openai import OpenAIModel
 
-    # "" rather than None: a keyless local server must not pick up OPENAI_API_KEY behind our back
-    return OpenAIModel(s.model, s.api_key or "", s.base_url, **options)
+    return OpenAIModel(s.model, s.api_key, s.base_url, **options)

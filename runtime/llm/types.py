@@ -11,7 +11,7 @@ import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Value(BaseModel):
@@ -87,8 +87,30 @@ Block = Annotated[
 
 
 class Message(_Value):
+    """One turn of the conversation: a role and its content blocks.
+
+    Not the ``{"role": ..., "content": ...}`` dict of the vendors' APIs: a message in that
+    form is refused with a hint towards ``Message.text(role, text)``."""
+
     role: Role
     blocks: tuple[Block, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_vendor_dict(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "content" in data and "blocks" not in data:
+            role, content = data.get("role", "user"), data["content"]
+            role = role.value if isinstance(role, Role) else role
+            if isinstance(role, str) and isinstance(content, str):
+                text = content if len(content) <= 40 else content[:37] + "..."
+                example = f"Message.text({role!r}, {text!r})"
+            else:
+                example = "Message.text(role, text)"
+            raise ValueError(
+                f"a Message holds blocks, not content (that is a vendor's wire format): write "
+                f"{example}, or Message(role=..., blocks=(TextBlock(text=...), ...))"
+            )
+        return data
 
     @classmethod
     def text(cls, role: Role | str, text: str) -> Message:

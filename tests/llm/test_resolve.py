@@ -255,3 +255,38 @@ def test_anthropic_always_needs_a_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="ANTHROPIC_API_KEY"):
         model_settings("sonnet", env={"ANTHROPIC_BASE_URL": "http://127.0.0.1:9/"},
                        dotenv_path=tmp_path / "none")
+
+
+def test_configuration_is_read_in_one_place(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``resolve_model`` reads the environment and ``.env`` and hands the adapters explicit
+    values; the adapters read nothing themselves. So a process environment the resolver is
+    told to ignore (``env={}``) reaches no adapter."""
+    for var in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.setenv(var, SECRET)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://from-process.example")
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://from-process.example/v1")
+    path = dotenv(tmp_path, "ANTHROPIC_API_KEY=sk-ant-file\nOPENAI_API_KEY=sk-file\n"
+                            "ANTHROPIC_BASE_URL=https://from-file.example\n")
+    a = resolve_model("sonnet", env={}, dotenv_path=path)
+    o = resolve_model("gpt-5", env={}, dotenv_path=path)
+    assert a.base_url == "https://from-file.example"  # type: ignore[attr-defined]
+    assert o._key == "sk-file" and a._key == "sk-ant-file"  # type: ignore[attr-defined]
+    assert "api.openai.com" in repr(o)  # not the process's OPENAI_BASE_URL
+    with pytest.raises(ConfigurationError, match="API key"):
+        resolve_model("sonnet", env={}, dotenv_path=tmp_path / "none")
+
+
+@pytest.mark.parametrize(("key", "url", "fragment"), [
+    (f"{SECRET}\n", None, "a newline at its end"),
+    ("sk-\u201cquoted", None, "non-ASCII"),
+    (SECRET, "http://localhost:99999/v1", "port"),
+    (SECRET, "http://localhost:8080/v1\t", "a tab"),
+    (SECRET, "http://[invalid", "cannot be parsed"),
+])
+def test_unusable_keys_and_urls_are_configuration_errors(tmp_path: Path, key: str,
+                                                         url: str | None, fragment: str) -> None:
+    with pytest.raises(ConfigurationError, match=fragment) as info:
+        model_settings("gpt-5", env={"OPENAI_API_KEY": key, "OPENAI_BASE_URL": url or ""},
+                       dotenv_path=tmp_path / "none")
+    assert SECRET not in str(info.value)

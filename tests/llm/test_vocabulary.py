@@ -134,6 +134,26 @@ def test_values_are_frozen_and_strict() -> None:
         Message.model_validate({"role": "robot", "blocks": []})
 
 
+@pytest.mark.parametrize(
+    ("given_", "hint"),
+    [
+        ({"role": "user", "content": "hi"}, "Message.text('user', 'hi')"),
+        ({"role": "assistant", "content": "x" * 100}, "Message.text('assistant', 'xxx"),
+        ({"role": "user", "content": [{"type": "text", "text": "hi"}]},
+         "Message.text(role, text)"),
+    ],
+)
+def test_a_vendor_style_message_gets_a_hint(given_: dict, hint: str) -> None:
+    """``{"role", "content"}`` is the vendors' wire format, not the port's: the error says
+    what to write instead."""
+    with pytest.raises(ValidationError) as info:
+        Request(messages=[given_])
+    assert hint in str(info.value) and "blocks" in str(info.value)
+    with pytest.raises(ValidationError, match=r"Message\.text\("):
+        Message(**given_)
+    assert Request(messages=[Message.text("user", "hi")]).messages[0].text_content() == "hi"
+
+
 def test_message_helpers_and_usage_sum() -> None:
     m = FULL_REQUEST.messages[2]
     assert m.text_content() == "calling"
@@ -300,6 +320,7 @@ def test_llm_error_carries_its_classification() -> None:
         ("ftp://127.0.0.1", False),
         ("api.openai.com/v1", False),
         ("ws://localhost", False),
+        ("http://[invalid", False),  # unparseable: not safe (and never a raw ValueError)
     ],
 )
 def test_safe_base_url(url: str | None, safe: bool) -> None:
@@ -320,6 +341,7 @@ def test_safe_base_url(url: str | None, safe: bool) -> None:
         ("http://0.0.0.0", False),
         ("https://api.openai.com/v1", False),
         ("127.0.0.1:8080", False),  # no scheme: no host either
+        ("http://[::1", False),  # unparseable
         ("", False),
         (None, False),
     ],
@@ -335,6 +357,7 @@ def test_is_loopback_url(url: str | None, loopback: bool) -> None:
         ("https://user:sk-SECRET@gw.example:8443/v1?key=sk-SECRET#x", "https://gw.example:8443/v1"),
         ("http://[::1]:8000/v1", "http://[::1]:8000/v1"),
         ("http://host:notaport/v1", "http://host/v1"),
+        ("http://[invalid/v1?key=sk-SECRET", "http://(unparseable)"),
     ],
 )
 def test_display_url_drops_what_may_hold_credentials(url: str, shown: str) -> None:

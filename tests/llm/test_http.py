@@ -1,0 +1,480 @@
+"""What both HTTP adapters share (``providers/_http.py``), held to the same behaviour against
+bare loopback servers speaking each provider's wire format: what an error may carry (never
+the key, never a runaway body, no exception chain), how a refusal is classified, how a
+server's wait hint is read, how long an attempt may take, and what the constructor refuses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from runtime.llm import (
+    ConfigurationError,
+    Fault,
+    LLMError,
+    Message,
+    Request,
+    Response,
+    RetryPolicy,
+    Role,
+    StopReason,
+    TextBlock,
+    Usage,
+    assemble,
+    model_settings,
+)
+from runtime.llm.errors import MAX_MESSAGE_CHARS, quota_exhausted
+from runtime.llm.providers._http import ERROR_BODY_LIMIT, HTTPModel
+from runtime.llm.providers.anthropic import AnthropicModel
+from runtime.llm.providers.openai import OpenAIModel
+
+from .fake_anthropic import check_error, check_event, message_body
+from .fake_openai import render_completion, validate_error
+from .harness import Sleeps, policy
+from .loopback import Exchange, LoopbackServer, Recorded
+
+pytestmark = pytest.mark.anyio
+
+PROVIDERS = ["anthropic", "openai"]
+MODES = ["generate", "stream"]
+# Random-looking, so no 8-character piece of it occurs in any text by accident.
+KEY = "sk-Q7vLp2Zr9TfX4mWc8NbK3hJd6GyS1aE5uR0"
+ENDPOINT = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
+
+
+def adapter(provider: str, root: str, **kw: Any) -> HTTPModel:
+    """An adapter pointed at a server whose root URL is ``root``."""
+    kw.setdefault("retry", RetryPolicy(max_attempts=1))
+    if provider == "anthropic":
+        return AnthropicModel("claude-sonnet-4-5", api_key=KEY, base_url=root, **kw)
+    return OpenAIModel("gpt-4.1", api_key=KEY, base_url=f"{root}/v1", **kw)
+
+
+def ask() -> Request:
+    return Request(messages=(Message.text(Role.USER, "Hi"),), max_tokens=64)
+
+
+async def run(model: HTTPModel, mode: str) -> Response:
+    return await (model.generate(ask()) if mode == "generate" else assemble(model.stream(ask())))
+
+
+REPLY = Response(message=Message(role=Role.ASSISTANT, blocks=(TextBlock(text="ok"),)),
+                 stop_reason=StopReason.END_TURN, usage=Usage(input_tokens=3, output_tokens=1))
+
+
+def success_body(provider: str) -> dict[str, Any]:
+    if provider == "anthropic":
+        return message_body(REPLY, model="claude-sonnet-4-5")
+    return render_completion(REPLY)
+
+
+def error_body(provider: str, message: str, kind: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """The provider's error body (checked against its SDK's types)."""
+    if provider == "anthropic":
+        body = {"type": "error", "error": {"type": kind or "api_error", "message": message}}
+        check_error(body)
+        return body
+    body = {"error": {"message": message, "type": kind or "server_error", "param": None,
+                      "code": code}}
+    validate_error(body)
+    return body
+
+
+def stream_error(provider: str, ex: Exchange, message: str, kind: str | None = None,
+                 code: str | None = None) -> None:
+    """A 200 stream whose first event is an error, in the provider's form."""
+    ex.start_stream()
+    if provider == "anthropic":
+        data = error_body(provider, message, kind)
+        check_event("error", data)
+        ex.send_event(json.dumps(data), "error")
+    else:
+        ex.send_event(json.dumps(error_body(provider, message, kind, code)))
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Callable[[Recorded, Exchange], None]], LoopbackServer]]:
+    servers: list[LoopbackServer] = []
+
+    def start(respond: Callable[[Recorded, Exchange], None]) -> LoopbackServer:
+        srv = LoopbackServer(respond).__enter__()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.__exit__(None, None, None)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pieces_of(secret: str, size: int = 8) -> list[str]:
+    return [secret[i:i + size] for i in range(len(secret) - size + 1)]
+
+
+def leaks(text: str, secret: str = KEY) -> list[str]:
+    """The pieces of ``secret`` (8 characters or more) that occur in ``text``."""
+    return [p for p in pieces_of(secret) if p in text]
+
+
+# -- 13. what an error may carry -------------------------------------------------------------
+
+# Where the key sits in a server's echo: at the start; ending at character 300 (the old cut,
+# made before scrubbing, left all of it but its last character); across the message cap; and
+# across the read limit, where only the start of the key is received at all.
+OFFSETS = [0, 300 - len(KEY) + 1, MAX_MESSAGE_CHARS - len(KEY) // 2, MAX_MESSAGE_CHARS - 5,
+           ERROR_BODY_LIMIT - 5 - len('{"error":{"message":"')]
+
+
+@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("form", ["json", "html"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_key_echoed_anywhere_in_an_error_body_never_leaks(
+        serve: Any, provider: str, form: str, offset: int) -> None:
+    echo = "x" * offset + KEY + " was rejected " + "y" * 200
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        if form == "json":
+            ex.send_json(401, error_body(provider, echo, "authentication_error"))
+        else:
+            ex.send_bytes(401, f"<html><body>{echo}</body></html>".encode(), "text/html")
+
+    srv = serve(respond)
+    with pytest.raises(LLMError) as info:
+        await adapter(provider, srv.url).generate(ask())
+    err = info.value
+    assert err.status == 401 and err.fault is Fault.TERMINAL
+    assert len(err.message) <= MAX_MESSAGE_CHARS
+    assert leaks(f"{err} {err!r} {err.message} {err.args}") == []
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_huge_error_body_is_read_only_in_part_and_makes_a_short_message(
+        serve: Any, provider: str) -> None:
+    """A 50 MB error body: the adapter reads at most ``ERROR_BODY_LIMIT`` bytes of it (the
+    server never gets to send the rest) and its message is capped."""
+    size = 50 * 1024 * 1024
+    finished = threading.Event()
+    head = {  # the provider's error body up to its message's text, which is 50 MB of "x"
+        "anthropic": b'{"type":"error","error":{"type":"api_error","message":"',
+        "openai": b'{"error":{"type":"server_error","param":null,"code":null,"message":"',
+    }[provider]
+    tail = b'"}}'
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        h = ex.handler
+        h.send_response(500)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(head) + size + len(tail)))
+        h.end_headers()
+        h.wfile.write(head)
+        chunk = b"x" * 65536
+        for _ in range(size // len(chunk)):
+            h.wfile.write(chunk)
+        h.wfile.write(tail)
+        h.wfile.flush()
+        finished.set()
+
+    srv = serve(respond)
+    with pytest.raises(LLMError) as info:
+        await adapter(provider, srv.url).generate(ask())
+    assert info.value.status == 500 and info.value.fault is Fault.TRANSIENT
+    assert len(info.value.message) <= MAX_MESSAGE_CHARS
+    assert len(str(info.value)) < MAX_MESSAGE_CHARS + 100
+    assert not finished.is_set(), "the whole 50 MB body was read"
+
+
+def chain(error: BaseException) -> list[BaseException]:
+    """Every exception reachable from ``error`` through ``__cause__`` and ``__context__``."""
+    seen: list[BaseException] = []
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo += [x for x in (e.__cause__, e.__context__) if x is not None]
+    return seen
+
+
+RAW = "RAW-BODY-MARKER-5d1c"
+
+
+def _echo_401(provider: str) -> Callable[[Recorded, Exchange], None]:
+    return lambda rec, ex: ex.send_json(401, error_body(
+        provider, f"bad key {KEY} {RAW}", "authentication_error"))
+
+
+def _in_stream_error(provider: str) -> Callable[[Recorded, Exchange], None]:
+    return lambda rec, ex: stream_error(provider, ex, f"key {KEY} {RAW}", "invalid_request_error")
+
+
+def _not_json(provider: str) -> Callable[[Recorded, Exchange], None]:
+    return lambda rec, ex: ex.send_bytes(200, f"<html>{KEY} {RAW}</html>".encode(), "text/html")
+
+
+def _bad_event(provider: str) -> Callable[[Recorded, Exchange], None]:
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        ex.start_stream()
+        ex.send_event(f"{{not json {KEY} {RAW}", "content_block_delta")
+
+    return respond
+
+
+SCENARIOS = {
+    "401 echoing the key": (_echo_401, "generate"),
+    "error event in the stream": (_in_stream_error, "stream"),
+    "200 body that is not JSON": (_not_json, "generate"),
+    "stream event that is not JSON": (_bad_event, "stream"),
+    "connection refused": (None, "generate"),
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_no_key_or_raw_body_is_reachable_through_the_exception_chain(
+        serve: Any, provider: str, scenario: str) -> None:
+    """The exceptions underneath an adapter's error hold the request (with its key), the raw
+    body (a JSONDecodeError's ``doc``) or the error event: none is chained to it."""
+    make, mode = SCENARIOS[scenario]
+    root = f"http://127.0.0.1:{closed_port()}" if make is None else serve(make(provider)).url
+    with pytest.raises(LLMError) as info:
+        await run(adapter(provider, root), mode)
+    err = info.value
+    assert (err.__cause__, err.__context__) == (None, None)
+    for e in chain(err):  # the server's own message may be in ``err``, never the raw body
+        text = f"{e!s} {e!r} {e.args!r} {vars(e)!r}"
+        assert leaks(text) == [] and (e is err or RAW not in text)
+
+
+# -- 14. classification, wait hints, logging, time -------------------------------------------
+
+RATE, QUOTA = Fault.TRANSIENT, Fault.TERMINAL
+MESSAGES = [
+    ("tokens per minute quota exceeded", RATE),
+    ("Rate limit reached for gpt-4.1 on requests per min. Visit "
+     "https://platform.openai.com/account/billing to add a payment method.", RATE),
+    ("Number of request tokens has exceeded your per-minute rate limit", RATE),
+    ("Too many requests", RATE),
+    ("You exceeded your current quota, please check your plan and billing details.", QUOTA),
+    ("insufficient_quota", QUOTA),
+    ("Your credit balance is too low to access the Anthropic API.", QUOTA),
+    ("Billing hard limit has been reached", QUOTA),
+    ("billing: the payment method was declined", QUOTA),
+    ("quota exceeded", QUOTA),
+]
+
+
+@pytest.mark.parametrize(("message", "fault"), MESSAGES)
+def test_one_classifier_reads_quota_and_rate_limit_messages(message: str, fault: Fault) -> None:
+    assert quota_exhausted(message) is (fault is QUOTA)
+
+
+@pytest.mark.parametrize("code", ["insufficient_quota", "billing_error",
+                                  "billing_hard_limit_reached"])
+def test_a_quota_code_is_terminal_whatever_the_message(code: str) -> None:
+    assert quota_exhausted("Rate limit: tokens per minute", "requests", code)
+    assert not quota_exhausted("Rate limit: tokens per minute", "rate_limit_exceeded", None)
+
+
+@pytest.mark.parametrize(("message", "fault"), MESSAGES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_the_same_text_classifies_the_same_in_both_adapters(
+        serve: Any, provider: str, mode: str, message: str, fault: Fault) -> None:
+    """A 429 (or an error event mid-stream) with a neutral type / code: only its text says
+    whether it is a rate limit or an empty wallet, and both adapters read it alike."""
+    kind = "rate_limit_error" if provider == "anthropic" else "requests"
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        if mode == "generate":
+            ex.send_json(429, error_body(provider, message, kind))
+        else:
+            stream_error(provider, ex, message, kind)
+
+    srv = serve(respond)
+    with pytest.raises(LLMError) as info:
+        await run(adapter(provider, srv.url), mode)
+    assert info.value.fault is fault
+
+
+# header -> value -> the wait it must give: None for the policy's own backoff (the hint is
+# ignored), else the hint, clamped to [0, max_delay].
+HINTS: dict[str, dict[str, float | None]] = {
+    "retry-after": {
+        "nan": None, "inf": None, "-inf": None, "1e400": None, "soon": None, "1_000": None,
+        "": None, "-5": 0.0, "2": 2.0, "99999999999": 20.0,
+        "Fri, 31 Dec 9999 23:59:59 GMT": 20.0, "Wed, 21 Oct 2015 07:28:00 GMT": 0.0,
+    },
+    "retry-after-ms": {
+        "nan": None, "inf": None, "1e400": None, "soon": None, "-5": 0.0, "1500": 1.5,
+        "99999999999999": 20.0, "Fri, 31 Dec 9999 23:59:59 GMT": None,
+    },
+}
+
+
+@pytest.mark.parametrize(("header", "value"),
+                         [(h, v) for h, values in HINTS.items() for v in values])
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_wait_hint_of_any_shape_never_escapes_as_a_raw_error(
+        serve: Any, provider: str, header: str, value: str) -> None:
+    replies = iter([429, 200])
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        if next(replies) == 429:
+            kind = "rate_limit_error" if provider == "anthropic" else "requests"
+            ex.send_json(429, error_body(provider, "slow down", kind), {header: value})
+        else:
+            ex.send_json(200, success_body(provider))
+
+    srv = serve(respond)
+    sleeps = Sleeps()
+    retry = RetryPolicy(max_attempts=2, base_delay=0.5, jitter=0.0, sleep=sleeps,
+                        clock=lambda: 0.0)
+    got = await adapter(provider, srv.url, retry=retry).generate(ask())
+    assert got.message.text_content() == "ok"
+    want = HINTS[header][value]
+    assert sleeps.waits == [0.5 if want is None else want]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_each_retry_is_logged_and_the_error_counts_the_attempts(
+        serve: Any, provider: str, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="celldialog.llm.retry")
+    srv = serve(lambda rec, ex: ex.send_json(503, error_body(provider, "overloaded")))
+    sleeps = Sleeps()
+    with pytest.raises(LLMError) as info:
+        await run(adapter(provider, srv.url, retry=policy(sleeps, attempts=3)), mode)
+    assert len(srv.requests) == 3
+    assert info.value.attempts == 3 and "after 3 attempts" in str(info.value)
+    records = [r for r in caplog.records if r.name == "celldialog.llm.retry"]
+    assert [(r.levelname, r.attempt, r.max_attempts, r.provider, r.status)  # type: ignore[attr-defined]
+            for r in records] == [
+        ("WARNING", 1, 3, provider, 503), ("WARNING", 2, 3, provider, 503),
+        ("INFO", 3, 3, provider, 503)]
+    assert [r.delay for r in records] == [*sleeps.waits, None]  # type: ignore[attr-defined]
+    assert "attempt 1 of 3" in records[0].getMessage()
+    assert f"retrying in {sleeps.waits[0]:.2f} s" in records[0].getMessage()
+    assert "giving up" in records[2].getMessage()
+    assert not [r for r in caplog.records if KEY in r.getMessage()]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_the_timeout_bounds_a_whole_attempt_not_each_read(
+        serve: Any, provider: str, mode: str) -> None:
+    """A server that never stops sending (SSE comments, or a body of blanks) answers every
+    read at once, so no read ever waits long; the attempt still ends when its time is up.
+    Time is the policy's clock, which here moves one second per reading: the 5 s budget runs
+    out after a few reads of the 10 MB the server would send before giving up itself."""
+    sent_all = threading.Event()
+    total = 10 * 1024 * 1024
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        h = ex.handler
+        if mode == "stream":
+            ex.start_stream()
+            line = b": " + b"k" * 65533 + b"\n"
+        else:
+            h.send_response(200)
+            h.send_header("content-type", "application/json")
+            h.send_header("content-length", str(total + 2))
+            h.end_headers()
+            line = b" " * 65536
+        for _ in range(total // len(line)):
+            h.wfile.write(line)
+        h.wfile.write(b"{}")
+        h.wfile.flush()
+        sent_all.set()
+
+    srv = serve(respond)
+    ticks = itertools.count()
+    retry = RetryPolicy(max_attempts=1, clock=lambda: float(next(ticks)))
+    with pytest.raises(LLMError) as info:
+        await run(adapter(provider, srv.url, retry=retry, timeout=5), mode)
+    assert "timed out" in info.value.message and "5 s" in info.value.message
+    assert info.value.fault is Fault.TRANSIENT
+    assert not sent_all.is_set()
+
+
+# -- 15. what the constructor refuses, and what a 404 says -----------------------------------
+
+BAD_URLS = {
+    "http://localhost:99999": "port",
+    "http://local\thost:8080": "a tab at position 12",
+    "http://localhost:8080/v1\n": "a newline at position 24",
+    "http://localhost:8080 /v1": "a space",
+    "http://[invalid": "cannot be parsed",
+    "https://[::1:443": "cannot be parsed",
+}
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_base_url_httpx_cannot_use_fails_at_construction(provider: str, url: str) -> None:
+    with pytest.raises(ConfigurationError, match=BAD_URLS[url]) as info:
+        adapter(provider, url)
+    assert "base URL" in str(info.value) and KEY not in str(info.value)
+    with pytest.raises(ConfigurationError, match=BAD_URLS[url]):
+        model_settings(f"{provider}:m", api_key=KEY, base_url=url, env={},
+                       dotenv_path="/nonexistent/.env")
+
+
+BAD_KEYS = {
+    f"{KEY}\n": "a newline at its end",
+    f" {KEY}": "a space at position 0",
+    f"{KEY[:10]}\t{KEY[10:]}": "a tab at position 10",
+    f"{KEY[:6]}\u201c{KEY[6:]}": "a non-ASCII character",
+    f"{KEY[:6]}\u00e9{KEY[6:]}": "a non-ASCII character",
+    f"{KEY[:6]}\x00{KEY[6:]}": "a control character",
+}
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_key_that_cannot_go_in_a_header_fails_at_construction(provider: str, key: str) -> None:
+    cls = AnthropicModel if provider == "anthropic" else OpenAIModel
+    with pytest.raises(ConfigurationError, match=BAD_KEYS[key]) as info:
+        cls("m", api_key=key, base_url="https://gw.example/v1")
+    assert "API key" in str(info.value)
+    assert leaks(f"{info.value} {info.value!r}") == []
+    with pytest.raises(ConfigurationError, match=BAD_KEYS[key]) as info:
+        model_settings(f"{provider}:m", api_key=key, env={}, dotenv_path="/nonexistent/.env")
+    assert leaks(str(info.value)) == []
+
+
+@pytest.mark.parametrize("timeout", [0, -1, math.nan, math.inf])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_timeout_must_be_a_positive_number(provider: str, timeout: float) -> None:
+    with pytest.raises(ConfigurationError, match="timeout"):
+        adapter(provider, "https://gw.example", timeout=timeout)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_404_names_the_url_it_asked_for(serve: Any, provider: str, mode: str) -> None:
+    srv = serve(lambda rec, ex: ex.send_json(404, error_body(
+        provider, "Not found", "not_found_error" if provider == "anthropic"
+        else "invalid_request_error")))
+    root = srv.url.replace("http://", "http://user:hunter2pw@") + "/proxy"
+    with pytest.raises(LLMError) as info:
+        await run(adapter(provider, root), mode)
+    err = info.value
+    assert (err.status, err.fault) == (404, Fault.TERMINAL)
+    assert err.message.startswith("Not found")
+    assert f"{srv.url}/proxy{ENDPOINT[provider]}" in err.message
+    assert "hunter2pw" not in str(err) and "user" not in err.message
