@@ -143,7 +143,7 @@ class Cell:
         value (or inside it) is stored as a link to that cell."""
         with writing(self._docs) as tx:
             key, path, _ = self._write_target()
-            value = self._accept(value, f"value for {self!r}", key, path)
+            value = self._accept(value, lambda: f"value for {self!r}", key, path)
             tx.write(key, path, value)
 
     def update(self, values: dict[str, Any]) -> None:
@@ -152,7 +152,7 @@ class Cell:
             raise TypeError(f"update() takes a dict of keys to set, got {type(values).__name__}")
         with writing(self._docs) as tx:
             key, path, current = self._docs.resolve(self._key, self.path)
-            values = self._accept(values, f"update for {self!r}", key, path)
+            values = self._accept(values, lambda: f"update for {self!r}", key, path)
             if current is MISSING or current is None:
                 tx.write(key, path, values)
                 return
@@ -169,7 +169,7 @@ class Cell:
         with writing(self._docs) as tx:
             key, path, current = self._docs.resolve(self._key, self.path)
             if current is MISSING or current is None:
-                tx.write(key, path, self._accept(list(items), f"items pushed to {self!r}",
+                tx.write(key, path, self._accept(list(items), lambda: f"items pushed to {self!r}",
                                                  key, path))
                 return
             if not isinstance(current, list):
@@ -177,8 +177,8 @@ class Cell:
                     f"push() needs a list at {self!r}, found {type(current).__name__}"
                 )
             n = len(current)
-            accepted = [self._accept(item, f"item pushed to {self!r}", key, (*path, n + i))
-                        for i, item in enumerate(items)]
+            accepted = [self._accept(item, lambda: f"item pushed to {self!r}", key,
+                                     (*path, n + i)) for i, item in enumerate(items)]
             for offset, item in enumerate(accepted):
                 tx.write(key, (*path, n + offset), item)
 
@@ -193,7 +193,7 @@ class Cell:
             key, path, value = docs.resolve(key, path, follow_last=False)
         raise LinkError(f"link cycle while writing {self!r}")
 
-    def _accept(self, value: Any, where: str, key: DocKey, path: Path) -> Any:
+    def _accept(self, value: Any, where: Callable[[], str], key: DocKey, path: Path) -> Any:
         """``value`` as plain JSON to write at ``path`` of ``key``. Links in the data itself
         (not made from a Cell) are refused unless the schema there asks for a link
         (``{"asCell": true}``). Every link written must be followable from where it lands
@@ -207,7 +207,7 @@ class Cell:
         for at in links:
             if not asks_for_link(subschema(schema, (*path, *at))):
                 raise LinkError(
-                    f"{where}{pointer(at)} is a link {_at(value, at)!r}, and links in data are "
+                    f"{where()}{pointer(at)} is a link {_at(value, at)!r}, and links in data are "
                     "refused where the schema does not ask for one: pass the Cell itself "
                     "(cell.set(other_cell)) or give the schema {'asCell': true} there"
                 )
@@ -216,7 +216,7 @@ class Cell:
             full = (*path, *at)
             target, tpath = parse_link(link, key)
             if target == key and tpath[: len(full)] == full:
-                raise LinkError(f"{where}{pointer(at)} links into itself: {link!r}")
+                raise LinkError(f"{where()}{pointer(at)} links into itself: {link!r}")
             self._docs.resolve(target, tpath)  # it must lead somewhere, without a cycle
         return value
 

@@ -6,6 +6,7 @@ untouched branches with the old one, so a snapshot stays valid while a transacti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -147,7 +148,7 @@ refused when written, with a clear error, instead of failing later in a recursiv
 itself is caught by the same bound."""
 
 
-def check_json(value: Any, where: str = "value", *, depth: int = 0,
+def check_json(value: Any, where: str | Callable[[], str] = "value", *, depth: int = 0,
                links: list[Path] | None = None, made: list[Path] | None = None) -> Any:
     """Copy ``value`` as plain JSON (tuples become lists), or raise ``NotJSONError`` naming
     the bad part. ``depth`` is how deep the value will sit in its document. Objects with a
@@ -162,7 +163,8 @@ def check_json(value: Any, where: str = "value", *, depth: int = 0,
         return _check(value, depth, links, (), None, made)
     except _Bad:
         pass
-    _check(value, depth, None, (), where, None)  # raises NotJSONError naming the place
+    # raises NotJSONError naming the place
+    _check(value, depth, None, (), where() if callable(where) else where, None)
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -120,7 +120,7 @@ class Runtime:
         self.store = open_store(store)
         self.clock = clock
         self.docs = Documents(self.store)
-        self._changed = anyio.Event()
+        self._changed: anyio.Event | None = None  # made by a waiter, set by the next poke
         self.scheduler = Scheduler(self.docs, wake=self._poke, max_chain=max_event_chain)
         self._instances: dict[tuple[Any, ...], Instance] = {}
         self._tg: TaskGroup | None = None
@@ -259,11 +259,14 @@ class Runtime:
                     return
                 continue
             changed = self._changed
+            if changed is None:
+                changed = self._changed = anyio.Event()
             await changed.wait()
 
     def _poke(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any,
               owner: Instance | None = None, name: str = "task") -> anyio.CancelScope:

@@ -52,7 +52,7 @@ class Scheduler:
         if stream.stopped:
             raise StreamError(f"{stream!r} belongs to a stopped instance; nothing will handle it")
         links: list[Path] = []
-        payload = check_json(payload, f"event for {stream.name}", links=links)
+        payload = check_json(payload, lambda: f"event for {stream.name}", links=links)
         schema = stream.handler.event_schema
         for at in links:  # links from outside arrive only where the schema asks for one
             if not asks_for_link(subschema(schema, at)):
