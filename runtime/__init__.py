@@ -46,6 +46,8 @@ if TYPE_CHECKING:
         Stream,
         cell,
         computed,
+        current_instance,
+        current_runtime,
         handler,
         lift,
         pattern,
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
 _LAZY = {
     **dict.fromkeys(
         ("Cell", "Change", "Handler", "Instance", "Pattern", "Runtime", "Stream", "cell",
-         "computed", "handler", "lift", "pattern"),
+         "computed", "current_instance", "current_runtime", "handler", "lift", "pattern"),
         "runtime.cells",
     ),
     **dict.fromkeys(("MemoryStore", "SQLiteStore", "Store"), "runtime.storage"),
@@ -92,6 +94,8 @@ __all__ = [
     "WriteInComputationError",
     "cell",
     "computed",
+    "current_instance",
+    "current_runtime",
     "handler",
     "lift",
     "pattern",

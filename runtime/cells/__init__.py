@@ -19,7 +19,7 @@ from ..errors import (
 from .cell import Cell, Stream
 from .documents import Change
 from .pattern import Handler, Pattern, cell, computed, handler, lift, pattern
-from .runtime import Instance, Runtime
+from .runtime import Instance, Runtime, current_instance, current_runtime
 
 __all__ = [
     "BindingError",
@@ -43,6 +43,8 @@ __all__ = [
     "WriteInComputationError",
     "cell",
     "computed",
+    "current_instance",
+    "current_runtime",
     "handler",
     "lift",
     "pattern",
