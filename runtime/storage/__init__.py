@@ -1,7 +1,14 @@
-"""Document storage backends. Every backend passes ``tests/test_storage.py``."""
+"""Document storage backends. Every backend passes ``tests/test_storage.py``.
+
+``open_store`` turns the ``store=`` string a ``Runtime`` takes into a backend, so options a
+deployment needs (how long to wait for a shared SQLite file) fit in that one string.
+"""
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl
+
+from ..errors import StorageError, StoreBusyError, StoreClosedError
 from .base import ConflictError, DocKey, Store, Stored, Write
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
@@ -11,15 +18,24 @@ __all__ = [
     "DocKey",
     "MemoryStore",
     "SQLiteStore",
+    "StorageError",
     "Store",
+    "StoreBusyError",
+    "StoreClosedError",
     "Stored",
     "Write",
     "open_store",
 ]
 
+_SQLITE_OPTIONS = ("busy_timeout",)
+
 
 def open_store(spec: str | Store) -> Store:
-    """``"memory"`` or ``"sqlite:///path/to/file.db"`` (or a ready ``Store``)."""
+    """``"memory"`` or ``"sqlite:///path/to/file.db"`` (or a ready ``Store``).
+
+    A SQLite URL takes options as a query: ``"sqlite:///app.db?busy_timeout=30"`` waits up
+    to 30 s for a database another process has locked (default 5 s, see ``SQLiteStore``).
+    """
     if not isinstance(spec, str):
         if all(callable(getattr(spec, m, None)) for m in ("load", "commit", "keys", "close")):
             return spec
@@ -30,10 +46,35 @@ def open_store(spec: str | Store) -> Store:
     if spec == "memory":
         return MemoryStore()
     if spec.startswith("sqlite:///"):
-        path = spec[len("sqlite:///"):]
+        path, _, query = spec[len("sqlite:///"):].partition("?")
         if not path:
             raise ValueError("sqlite store needs a path: 'sqlite:///app.db'")
-        return SQLiteStore(path)
+        return SQLiteStore(path, **_sqlite_options(spec, query))
     raise ValueError(
         f"unknown store {spec!r}: use 'memory' or 'sqlite:///path/to/file.db'"
     )
+
+
+def _sqlite_options(spec: str, query: str) -> dict[str, float]:
+    options: dict[str, float] = {}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        pairs = [("", query)]
+    for name, text in pairs:
+        if name not in _SQLITE_OPTIONS:
+            raise ValueError(
+                f"unknown option {name!r} in store {spec!r}: a sqlite store takes "
+                f"{', '.join(_SQLITE_OPTIONS)} ('sqlite:///app.db?busy_timeout=30')"
+            )
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds < float("inf"):
+            raise ValueError(
+                f"busy_timeout in store {spec!r} is the seconds to wait for a locked "
+                f"database, a number >= 0; got {text!r}"
+            )
+        options[name] = seconds
+    return options

@@ -1,8 +1,12 @@
 """The storage port: documents by key, committed atomically, with versions.
 
 Versions make optimistic concurrency possible: a write may name the version it read, and
-the commit fails with ``ConflictError`` if another writer got there first. One process does
-not need it today; several processes sharing a database (the PostgreSQL backend) will.
+the commit fails with ``ConflictError`` if another writer got there first. Several runtimes
+(processes) sharing one SQLite file rely on it today; a PostgreSQL backend will too.
+
+Every error a store raises is a ``StorageError`` (``runtime.errors``): ``ConflictError``
+(re-read and retry), ``StoreBusyError`` (locked longer than the backend waits),
+``StoreClosedError`` (used after ``close()``); a driver's own errors never escape bare.
 """
 
 from __future__ import annotations
@@ -11,9 +15,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from ..errors import ConflictError
+from ..errors import ConflictError, StorageError, StoreBusyError, StoreClosedError
 
-__all__ = ["ConflictError", "DocKey", "Store", "Stored", "Write"]
+__all__ = [
+    "ConflictError",
+    "DocKey",
+    "StorageError",
+    "Store",
+    "StoreBusyError",
+    "StoreClosedError",
+    "Stored",
+    "Write",
+]
 
 
 class DocKey(NamedTuple):
@@ -53,6 +66,14 @@ class Write:
     value: Any
     expect: int | None = None
     patch: tuple[tuple[Path, Any], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.patch is not None and self.expect is None:
+            raise TypeError(
+                f"Write.patch needs expect: a patch applies to a known version of "
+                f"{self.key}; pass expect=<the version the patch was computed from> "
+                f"(0 for a new document), or write the whole value without a patch"
+            )
 
 
 class Store(Protocol):

@@ -1,38 +1,77 @@
-"""In-memory store: the default, for tests and throwaway runs."""
+"""In-memory store: the default, for tests and throwaway runs.
+
+It owns its values: whole values are deep-copied in, ``load()`` hands out copies, because
+the runtime changes its own copy in place after a commit and must not reach ours. A patch
+is applied in place to the kept value (only its assigned values are copied), so a push to
+a long list costs the same as to a short one; a commit that fails part-way undoes the
+steps it took, so nothing of it is applied.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from .base import ConflictError, DocKey, Stored, Write
+from ..errors import StoreClosedError
+from .base import DocKey, Stored, Write
+from .patch import MISSING, apply_patch, conflict, copy_value
 
 
 class MemoryStore:
     def __init__(self) -> None:
         self._docs: dict[DocKey, Stored] = {}
+        self._closed = False
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise StoreClosedError(
+                f"{what} on a closed MemoryStore: its documents were dropped at close(); "
+                f"open a new store (a memory store keeps nothing across close)"
+            )
 
     def load(self, key: DocKey) -> Stored | None:
-        return self._docs.get(key)
+        self._check_open("load()")
+        stored = self._docs.get(key)
+        return Stored(copy_value(stored.value), stored.version) if stored else None
 
     def commit(self, writes: Sequence[Write]) -> dict[DocKey, int]:
-        for w in writes:
-            current = self._docs.get(w.key)
-            have = current.version if current else 0
-            if w.expect is not None and w.expect != have:
-                raise ConflictError(f"{w.key} is at version {have}, the write expected {w.expect}")
+        self._check_open("commit()")
+        docs = self._docs
+        undo: list[Callable[[], None]] = []
         out: dict[DocKey, int] = {}
-        for w in writes:
-            current = self._docs.get(w.key)
-            version = (current.version if current else 0) + 1
-            self._docs[w.key] = Stored(w.value, version)
-            out[w.key] = version
+        try:
+            for w in writes:
+                current = docs.get(w.key)
+                have = current.version if current else 0
+                if w.expect is not None and w.expect != have:
+                    raise conflict(w.key, have, w.expect)
+                if w.patch is None:
+                    value = copy_value(w.value)
+                else:
+                    value = apply_patch(w.key, current.value if current else MISSING,
+                                        w.patch, undo)
+                undo.append(_restore(docs, w.key, current))
+                docs[w.key] = Stored(value, have + 1)
+                out[w.key] = have + 1
+        except BaseException:
+            for step in reversed(undo):
+                step()
+            raise
         return out
 
     def keys(self, space: str) -> Iterable[DocKey]:
+        self._check_open("keys()")
         return [k for k in self._docs if k.space == space]
 
     def close(self) -> None:
-        pass
+        self._closed = True
+        self._docs = {}
 
     def __repr__(self) -> str:
-        return f"MemoryStore({len(self._docs)} documents)"
+        state = "closed" if self._closed else f"{len(self._docs)} documents"
+        return f"MemoryStore({state})"
+
+
+def _restore(docs: dict[DocKey, Stored], key: DocKey, before: Stored | None) -> Callable[[], None]:
+    if before is None:
+        return lambda: docs.pop(key, None)
+    return lambda: docs.__setitem__(key, before)

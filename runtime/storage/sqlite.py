@@ -1,80 +1,361 @@
-"""SQLite store: one file, WAL journal, one SQL transaction per commit."""
+"""SQLite store: one file, WAL journal, one SQL transaction per commit.
+
+Several processes may share the file. Versions (``Write.expect``) keep their writes from
+overwriting each other; the file's lock makes each commit atomic. Waiting for that lock is
+bounded by ``busy_timeout`` seconds (default 5): ``SQLiteStore(path, busy_timeout=2)`` or
+``open_store("sqlite:///path.db?busy_timeout=2")``. It is set when connecting, before
+``PRAGMA journal_mode=WAL``, and an operation SQLite refuses at once instead of waiting (a
+journal-mode switch racing another open, say) is retried until the same bound. Past it the
+store raises ``StoreBusyError``; every other SQLite failure is a ``StorageError`` naming
+the file, with the ``sqlite3`` error as ``__cause__``. The file's directory must exist.
+
+Tables: ``docs`` holds each document's base value (JSON text) and current version;
+``patches`` is an append-only log of the patches (``Write.patch``) committed since that
+base, one row per version. ``load()`` is the base with the log replayed in version order.
+A patch is appended, not merged, so pushing one item to a 100,000-item list writes that
+item only; when the log grows larger than the base it is compacted (the base rewritten at
+the current version, the log deleted), which keeps writes amortised O(size of the change)
+and a load at most twice the document's size. To check a patch's paths without reading
+the document back, the store keeps the current value of documents it patched (by version;
+one another writer changed is read again). Files written before the log existed (a
+``docs`` table without the new columns) are migrated on open by adding what is missing.
+"""
 
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
-from collections.abc import Iterable, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
-from .base import ConflictError, DocKey, Stored, Write
+from ..errors import StorageError, StoreBusyError, StoreClosedError
+from .base import DocKey, Stored, Write
+from .patch import MISSING, apply_patch, conflict, describe
 
-_SCHEMA = """
+T = TypeVar("T")
+
+DEFAULT_BUSY_TIMEOUT = 5.0
+CACHED_DOCS = 256  # documents whose current value is kept to check patches against
+
+_DOCS = """
 CREATE TABLE IF NOT EXISTS docs (
-    space   TEXT NOT NULL,
-    scope   TEXT NOT NULL,
-    id      TEXT NOT NULL,
-    value   TEXT NOT NULL,
-    version INTEGER NOT NULL,
+    space        TEXT NOT NULL,
+    scope        TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    value        TEXT NOT NULL,
+    version      INTEGER NOT NULL,
+    base_version INTEGER,
+    base_size    INTEGER,
+    log_size     INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (space, scope, id)
 ) WITHOUT ROWID
 """
+_PATCHES = """
+CREATE TABLE IF NOT EXISTS patches (
+    space   TEXT NOT NULL,
+    scope   TEXT NOT NULL,
+    id      TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    patch   TEXT NOT NULL,
+    PRIMARY KEY (space, scope, id, version)
+) WITHOUT ROWID
+"""
+# columns added to a ``docs`` table from before the patch log, and how to fill them
+_ADDED = {
+    "base_version": ("INTEGER", "version"),
+    "base_size": ("INTEGER", "length(value)"),
+    "log_size": ("INTEGER NOT NULL DEFAULT 0", None),
+}
+_WHERE = "space=? AND scope=? AND id=?"
+_BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (low byte of the extended code)
+
+
+def _dumps(key: DocKey, value: Any) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise StorageError(f"cannot store {describe(key)}: the value is not JSON ({e})") from e
+
+
+def _is_busy(e: sqlite3.Error) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _BUSY_CODES
+    text = str(e).lower()
+    return "locked" in text or "busy" in text
 
 
 class SQLiteStore:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
         self.path = str(path)
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (
+            0 <= busy_timeout < float("inf")
+        ):
+            raise ValueError(
+                f"busy_timeout is the seconds to wait for a locked database, a number >= 0; "
+                f"got {busy_timeout!r}"
+            )
+        self.busy_timeout = float(busy_timeout)
+        self._cache: OrderedDict[DocKey, tuple[int, Any]] = OrderedDict()
+        self._db: sqlite3.Connection | None = None
+        if self.path != ":memory:":
+            parent = Path(self.path).parent
+            if not parent.is_dir():
+                raise StorageError(
+                    f"cannot open SQLite store {self.path!r}: the directory {str(parent)!r} "
+                    f"does not exist; create it first (the store does not create directories)"
+                )
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None)
+            # timeout= sets SQLite's busy timeout on the connection, before any statement
+            db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
         except sqlite3.Error as e:
-            raise type(e)(f"cannot open SQLite store {self.path!r}: {e}") from e
+            raise StorageError(f"cannot open SQLite store {self.path!r}: {e}") from e
+        self._db = db
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(_SCHEMA)
-        except sqlite3.Error as e:
-            self._db.close()
-            raise type(e)(f"cannot open SQLite store {self.path!r}: {e}") from e
+            self._run("open", lambda: db.execute("PRAGMA journal_mode=WAL").fetchall())
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._run("open", self._migrate)
+        except BaseException as e:
+            self._db = None
+            db.close()
+            if isinstance(e, sqlite3.Error):
+                raise StorageError(f"cannot open SQLite store {self.path!r}: {e}") from e
+            raise
+
+    # -- the port ---------------------------------------------------------------------
 
     def load(self, key: DocKey) -> Stored | None:
-        row = self._db.execute(
-            "SELECT value, version FROM docs WHERE space=? AND scope=? AND id=?", key
-        ).fetchone()
-        return Stored(json.loads(row[0]), row[1]) if row else None
+        return self._run("load()", lambda: self._load(key))
 
     def commit(self, writes: Sequence[Write]) -> dict[DocKey, int]:
-        db = self._db
+        if not writes:
+            self._open_db("commit()")
+            return {}
+        return self._run("commit()", lambda: self._commit(writes))
+
+    def keys(self, space: str) -> Iterable[DocKey]:
+        def read() -> list[DocKey]:
+            rows = self._open_db("keys()").execute(
+                "SELECT space, scope, id FROM docs WHERE space=?", (space,)
+            )
+            return [DocKey(*r) for r in rows]
+
+        return self._run("keys()", read)
+
+    def close(self) -> None:
+        db, self._db = self._db, None
+        self._cache.clear()
+        if db is not None:
+            try:
+                db.close()
+            except sqlite3.Error as e:
+                raise StorageError(f"closing SQLite store {self.path!r} failed: {e}") from e
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r}{', closed' if self._db is None else ''})"
+
+    # -- waiting and wrapping ----------------------------------------------------------
+
+    def _open_db(self, what: str) -> sqlite3.Connection:
+        if self._db is None:
+            raise StoreClosedError(
+                f"{what} on SQLite store {self.path!r} after close(); open the store again "
+                f"(SQLiteStore(path) or open_store('sqlite:///...'))"
+            )
+        return self._db
+
+    def _run(self, what: str, op: Callable[[], T]) -> T:
+        """``op()``, retried while the database is locked, up to ``busy_timeout`` in all;
+        sqlite3 errors come out as ``StorageError``."""
+        db = self._open_db(what)
+        deadline = time.monotonic() + self.busy_timeout
+        shortened = False
+        try:
+            while True:
+                try:
+                    return op()
+                except sqlite3.Error as e:
+                    if db.in_transaction:
+                        try:
+                            db.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            pass
+                    left = deadline - time.monotonic()
+                    if not _is_busy(e):
+                        raise StorageError(
+                            f"SQLite store {self.path!r}: {what} failed: {e}"
+                        ) from e
+                    if left <= 0:
+                        raise StoreBusyError(
+                            f"SQLite store {self.path!r}: {what} waited {self.busy_timeout:g} s "
+                            f"(busy_timeout) for a lock another connection holds; nothing was "
+                            f"committed. Retry later, end the other process's long "
+                            f"transaction, or wait longer: SQLiteStore(path, busy_timeout=30) "
+                            f"or 'sqlite:///path?busy_timeout=30'"
+                        ) from e
+                    # SQLite refused without waiting (or waited in vain): retry, bounded
+                    time.sleep(min(left, random.uniform(0.001, 0.02)))
+                    left = max(deadline - time.monotonic(), 0.001)
+                    db.execute(f"PRAGMA busy_timeout={int(left * 1000) or 1}")
+                    shortened = True
+        finally:
+            if shortened and self._db is db:
+                try:
+                    db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+                except sqlite3.Error:
+                    pass
+
+    def _migrate(self) -> None:
+        db = self._open_db("open")
+        if self._schema_is_current(db):
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(_DOCS)
+            db.execute(_PATCHES)
+            have = {r[1] for r in db.execute("PRAGMA table_info(docs)")}
+            for column, (decl, fill) in _ADDED.items():
+                if column not in have:
+                    db.execute(f"ALTER TABLE docs ADD COLUMN {column} {decl}")
+                    if fill is not None:
+                        db.execute(f"UPDATE docs SET {column}={fill}")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _schema_is_current(db: sqlite3.Connection) -> bool:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not {"docs", "patches"} <= tables:
+            return False
+        return set(_ADDED) <= {r[1] for r in db.execute("PRAGMA table_info(docs)")}
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _load(self, key: DocKey) -> Stored | None:
+        db = self._open_db("load()")
+        db.execute("BEGIN")  # one snapshot for the base and its log
+        try:
+            found = self._read(db, key)
+        finally:
+            if db.in_transaction:
+                db.execute("COMMIT")
+        return Stored(*found) if found else None
+
+    def _read(self, db: sqlite3.Connection, key: DocKey) -> tuple[Any, int] | None:
+        """The current value and version, from the base and the log (in a transaction)."""
+        row = db.execute(
+            f"SELECT value, version, COALESCE(base_version, version) FROM docs WHERE {_WHERE}",
+            key,
+        ).fetchone()
+        if row is None:
+            return None
+        text, version, base_version = row
+        value = self._decode(key, text)
+        if version != base_version:
+            for (patch,) in db.execute(
+                f"SELECT patch FROM patches WHERE {_WHERE} AND version>? AND version<=? "
+                f"ORDER BY version",
+                (*key, base_version, version),
+            ):
+                value = apply_patch(key, value, self._decode(key, patch), copy_values=False)
+        return value, version
+
+    def _decode(self, key: DocKey, text: str) -> Any:
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            raise StorageError(
+                f"SQLite store {self.path!r}: {describe(key)} holds text that is not JSON: {e}"
+            ) from e
+
+    # -- writing -----------------------------------------------------------------------
+
+    def _commit(self, writes: Sequence[Write]) -> dict[DocKey, int]:
+        db = self._open_db("commit()")
+        cache = self._cache
         out: dict[DocKey, int] = {}
+        touched: list[DocKey] = []
         db.execute("BEGIN IMMEDIATE")
         try:
             for w in writes:
+                key = w.key
                 row = db.execute(
-                    "SELECT version FROM docs WHERE space=? AND scope=? AND id=?", w.key
+                    f"SELECT version, COALESCE(base_version, version), "
+                    f"COALESCE(base_size, length(value)), log_size FROM docs WHERE {_WHERE}",
+                    key,
                 ).fetchone()
-                have = row[0] if row else 0
+                have, base_version, base_size, log_size = row or (0, 0, 0, 0)
                 if w.expect is not None and w.expect != have:
-                    raise ConflictError(
-                        f"{w.key} is at version {have}, the write expected {w.expect}"
-                    )
-                db.execute(
-                    "INSERT INTO docs (space, scope, id, value, version) VALUES (?,?,?,?,?) "
-                    "ON CONFLICT (space, scope, id) DO UPDATE SET value=excluded.value, "
-                    "version=excluded.version",
-                    (*w.key, json.dumps(w.value, separators=(",", ":")), have + 1),
-                )
-                out[w.key] = have + 1
+                    raise conflict(key, have, w.expect)
+                new = have + 1
+                has_log = have != base_version
+                if w.patch is None:
+                    cache.pop(key, None)
+                    self._put_base(db, key, _dumps(key, w.value), new, has_log)
+                else:
+                    touched.append(key)
+                    value = self._current(db, key, have)
+                    value = apply_patch(key, value, w.patch)
+                    patch_text = _dumps(key, [[list(p), v] for p, v in w.patch])
+                    log_size += len(patch_text)
+                    if log_size > base_size:  # compact: the log outgrew the base
+                        self._put_base(db, key, _dumps(key, value), new, has_log)
+                    else:
+                        db.execute(
+                            "INSERT INTO patches (space, scope, id, version, patch) "
+                            "VALUES (?,?,?,?,?)",
+                            (*key, new, patch_text),
+                        )
+                        db.execute(
+                            f"UPDATE docs SET version=?, log_size=? WHERE {_WHERE}",
+                            (new, log_size, *key),
+                        )
+                    cache[key] = (new, value)
+                    cache.move_to_end(key)
+                out[key] = new
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            for key in touched:  # patched in place: no longer what the file holds
+                cache.pop(key, None)
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
+        while len(cache) > CACHED_DOCS:
+            cache.popitem(last=False)
         return out
 
-    def keys(self, space: str) -> Iterable[DocKey]:
-        rows = self._db.execute("SELECT space, scope, id FROM docs WHERE space=?", (space,))
-        return [DocKey(*r) for r in rows]
+    @staticmethod
+    def _put_base(db: sqlite3.Connection, key: DocKey, text: str, version: int,
+                  has_log: bool) -> None:
+        db.execute(
+            "INSERT INTO docs (space, scope, id, value, version, base_version, base_size, "
+            "log_size) VALUES (?,?,?,?,?,?,?,0) ON CONFLICT (space, scope, id) DO UPDATE SET "
+            "value=excluded.value, version=excluded.version, "
+            "base_version=excluded.base_version, base_size=excluded.base_size, log_size=0",
+            (*key, text, version, version, len(text)),
+        )
+        if has_log:
+            db.execute(f"DELETE FROM patches WHERE {_WHERE}", key)
 
-    def close(self) -> None:
-        self._db.close()
-
-    def __repr__(self) -> str:
-        return f"SQLiteStore({self.path!r})"
+    def _current(self, db: sqlite3.Connection, key: DocKey, version: int) -> Any:
+        """The value at ``version`` (the file's current one) to patch in place."""
+        if version == 0:
+            return MISSING
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        found = self._read(db, key)  # another writer changed it, or first patch here
+        if found is None or found[1] != version:
+            raise StorageError(
+                f"SQLite store {self.path!r}: {describe(key)} changed while locked "
+                f"(read {found and found[1]}, expected version {version})"
+            )
+        self._cache[key] = found
+        return found[0]
