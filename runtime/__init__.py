@@ -32,6 +32,7 @@ from .errors import (
     StoreBusyError,
     StoreClosedError,
     StreamError,
+    UsageError,
     WriteInComputationError,
 )
 
@@ -91,6 +92,7 @@ __all__ = [
     "StoreClosedError",
     "Stream",
     "StreamError",
+    "UsageError",
     "WriteInComputationError",
     "cell",
     "computed",

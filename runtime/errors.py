@@ -11,6 +11,7 @@
     │   ├── StreamError               an event for an unknown or stopped stream
     │   ├── PatternError              a pattern or handler used wrongly
     │   ├── ReadOnlyError             a write to a computed cell or an instance's result
+    │   ├── UsageError                a cell operation on the wrong kind of value
     │   ├── WriteInComputationError   a computation (lift, computed) tried to write
     │   ├── CycleError                computations or events that trigger themselves forever
     │   └── ClosedError               the runtime was used after it closed
@@ -52,6 +53,7 @@ __all__ = [
     "StoreBusyError",
     "StoreClosedError",
     "StreamError",
+    "UsageError",
     "WriteInComputationError",
 ]
 
@@ -110,6 +112,11 @@ class PatternError(CellError, TypeError):
 
 class ReadOnlyError(CellError, TypeError):
     """A write to something only the runtime writes: a computed cell, an instance's result."""
+
+
+class UsageError(CellError, TypeError):
+    """A cell operation used on the wrong kind of value: ``push`` on an object, ``update``
+    with a list, a cell's truth value while the graph is being built."""
 
 
 class WriteInComputationError(CellError, RuntimeError):

@@ -14,6 +14,7 @@ from ..errors import (
     SchemaError,
     ScopeError,
     StreamError,
+    UsageError,
     WriteInComputationError,
 )
 from .cell import Cell, Stream
@@ -40,6 +41,7 @@ __all__ = [
     "ScopeError",
     "Stream",
     "StreamError",
+    "UsageError",
     "WriteInComputationError",
     "cell",
     "computed",

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CellError, LinkError, PathError, WriteInComputationError
+from ..errors import LinkError, PathError, UsageError, WriteInComputationError
 from ..storage import DocKey
 from . import signals
 from .documents import Documents, Transaction, _missing, make_link, parse_link
@@ -149,7 +149,8 @@ class Cell:
     def update(self, values: dict[str, Any]) -> None:
         """Merge ``values`` into the object here, key by key."""
         if not isinstance(values, dict):
-            raise TypeError(f"update() takes a dict of keys to set, got {type(values).__name__}")
+            raise UsageError(
+                f"update() takes a dict of keys to set, got {type(values).__name__}")
         with writing(self._docs) as tx:
             key, path, current = self._docs.resolve(self._key, self.path)
             values = self._accept(values, lambda: f"update for {self!r}", key, path)
@@ -157,7 +158,7 @@ class Cell:
                 tx.write(key, path, values)
                 return
             if not isinstance(current, dict):
-                raise CellError(
+                raise UsageError(
                     f"update() needs an object at {self!r}, found {type(current).__name__}; "
                     "use set() to replace it"
                 )
@@ -173,7 +174,7 @@ class Cell:
                                                  key, path))
                 return
             if not isinstance(current, list):
-                raise CellError(
+                raise UsageError(
                     f"push() needs a list at {self!r}, found {type(current).__name__}"
                 )
             n = len(current)
@@ -289,7 +290,7 @@ class Cell:
         return hash((self._key, self.path))
 
     def __bool__(self) -> bool:
-        raise TypeError(
+        raise UsageError(
             f"the truth value of {self!r} is not known while building the graph: "
             "read it with .get() inside lift/computed"
         )

@@ -81,33 +81,6 @@ def step(value: Any, token: str | int) -> Any:
     return MISSING
 
 
-def assign(root: Any, path: Path, value: Any) -> Any:
-    """A new root equal to ``root`` with ``value`` at ``path`` (parents must exist;
-    a list index equal to the length appends)."""
-    if not path:
-        return value
-    head, rest = path[0], path[1:]
-    if type(root) is dict:
-        new = dict(root)
-        key = str(head)
-        if rest and key not in root:
-            raise KeyError(head)
-        new[key] = assign(root.get(key), rest, value) if rest else value
-        return new
-    if type(root) is list:
-        i = int(head)
-        if not 0 <= i <= len(root) or (rest and i == len(root)):
-            raise IndexError(head)
-        new = list(root)
-        child = assign(root[i], rest, value) if rest else value
-        if i == len(root):
-            new.append(child)
-        else:
-            new[i] = child
-        return new
-    raise TypeError(head)
-
-
 def assign_in_place(root: Any, path: Path, value: Any) -> Any:
     """Put ``value`` at ``path`` inside ``root`` itself (the caller owns ``root``; parents
     exist, checked when the write was accepted). Returns the root (``value`` for ``()``)."""
