@@ -1,0 +1,482 @@
+"""Handler events per second: a counter and a push to a schema'd list, memory and SQLite.
+
+    python bench/events.py             # every case, one run (about a minute or two)
+    python bench/events.py --quick     # fewer, shorter blocks (a smoke run)
+    python bench/events.py --queued    # stream.send(...) x N, then one await rt.idle()
+
+What one event is: ``await inst.send(name, payload)``, the call an application makes and
+waits for; it validates the event, runs the handler in its own transaction, commits it
+(schema check, store write, kernel update) and returns. ``--queued`` measures the
+throughput of events queued with ``stream.send`` and run by one ``await rt.idle()``
+instead (each event is still its own transaction); the default is the honest cost of one
+awaited event.
+
+Cases:
+
+- counter: ``count = cell(0, schema={"type": "integer"})``, handler ``count.set(count.get() + 1)``.
+- push: ``items = cell(<N items>, schema=<array of {"title": string}>)`` prefilled with
+  1,000, 10,000 and 100,000 items as the cell's initial value; handler
+  ``items.push({"title": ...})``. A timed round pushes at most 10% of N; between rounds
+  (untimed) the list is set back to its N prefilled items, so every figure is the cost
+  of a push to a list of N to 1.1 N items.
+- floor: a bare SQLite upsert and commit of the same JSON an event changes (the counter's
+  value; the pushed item as a row of its own), with the store's pragmas (WAL,
+  synchronous=NORMAL) and table: what any durable commit of that change costs.
+
+Timing: a warm-up (also sizing the rounds), then ``--blocks`` (7) timed blocks of at least
+``--block-seconds`` (0.25) each; figures are the median and minimum over blocks of the
+time per event. Memory: tracemalloc over a few extra events, after the timed blocks: the
+peak above the starting point during one event, and what stays allocated per event.
+Correctness: the final state is compared with what the events must have produced; for
+SQLite after reopening the file in a new runtime.
+
+Targets (issue items 11): push cost per event at 100,000 items within 1.5x of that at
+1,000 items; an SQLite event within 3x of the bare upsert floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from runtime import Runtime, cell, handler, pattern  # noqa: E402
+
+SIZES = (1_000, 10_000, 100_000)
+GROWTH = 0.10  # a timed round grows the list by at most this share of its prefill
+GROWTH_TARGET = 1.5  # per-event push cost at 100k items / at 1k items
+FLOOR_TARGET = 3.0  # an SQLite event / the bare upsert-and-commit floor
+SLOW_CASE_S = 20.0  # timed seconds per case before it is cut to 5 blocks
+
+ITEM_SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}},
+               "required": ["title"]}
+LIST_SCHEMA = {"type": "array", "items": ITEM_SCHEMA}
+COUNT_SCHEMA = {"type": "integer"}
+
+
+# ---------------------------------------------------------------------------- the graph
+
+
+@handler
+def increment(event, count):
+    count.set(count.get() + 1)
+
+
+@handler
+def push(event, items):
+    items.push({"title": event["title"]})
+
+
+@pattern
+def counter():
+    count = cell(0, schema=COUNT_SCHEMA, name="count")
+    return {"count": count, "increment": increment(count=count)}
+
+
+def prefill(n: int) -> list[dict[str, str]]:
+    return [{"title": f"item {i}"} for i in range(n)]
+
+
+@pattern
+def todo(size):
+    items = cell(prefill(size.get()), schema=LIST_SCHEMA, name="items")
+    return {"items": items, "push": push(items=items)}
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Config:
+    blocks: int
+    block_s: float
+    warmup_s: float
+    queued: bool
+
+
+@dataclass
+class Result:
+    case: str  # "counter" | "push" | "floor counter" | "floor push"
+    store: str  # "memory" | "sqlite"
+    size: int | None
+    per_event: list[float] = field(default_factory=list)  # seconds, one per timed block
+    events: int = 0  # timed events in all
+    setup_s: float = 0.0
+    peak_kb: float | None = None
+    kept_b: float | None = None
+    checked: bool = False
+    problems: list[str] = field(default_factory=list)  # final state not what events produce
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.per_event)
+
+    @property
+    def minimum(self) -> float:
+        return min(self.per_event)
+
+
+Round = Callable[[int], Awaitable[float]]  # run m events, return the seconds they took
+
+
+async def measure(run_round: Round, cap: int, cfg: Config, res: Result) -> float:
+    """Warm up, size the rounds, then time ``cfg.blocks`` blocks into ``res``; returns the
+    warm-up's estimate of one event's cost (seconds)."""
+    m, spent, n = 1, 0.0, 0
+    while spent < cfg.warmup_s:
+        m = min(m, cap)
+        spent += await run_round(m)
+        n += m
+        m *= 2
+    estimate = spent / n
+    per_round = max(1, min(cap, math.ceil(cfg.block_s / max(estimate, 1e-9))))
+    # an event so slow that the blocks alone would pass SLOW_CASE_S gets the minimum of 5
+    blocks = cfg.blocks if estimate * cfg.blocks <= SLOW_CASE_S else min(cfg.blocks, 5)
+    for _ in range(blocks):
+        gc.collect()
+        spent, n = 0.0, 0
+        while spent < cfg.block_s or n == 0:
+            spent += await run_round(per_round)
+            n += per_round
+        res.per_event.append(spent / n)
+        res.events += n
+    return estimate
+
+
+async def traced(one_event: Callable[[], Awaitable[Any]], estimate: float,
+                 res: Result) -> None:
+    """Allocation figures over a few events (tracemalloc slows them down; never timed)."""
+    slow = estimate > 0.2
+    count = 1 if slow else max(2, min(30, int(0.3 / max(estimate, 1e-9))))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for _ in range(1 if slow else 2):  # what these replace was allocated untraced
+            await one_event()
+        peaks, start = [], tracemalloc.get_traced_memory()[0]
+        for _ in range(count):
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            await one_event()
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+        kept = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    res.peak_kb = statistics.median(peaks) / 1024
+    res.kept_b = kept / count if count >= 5 else None  # fewer: freeing noise dominates
+
+
+def store_spec(store: str, tmp: Path, name: str) -> str:
+    return "memory" if store == "memory" else f"sqlite:///{tmp / name}.db"
+
+
+def sender(rt: Runtime, inst: Any, name: str, queued: bool
+           ) -> Callable[[list[Any]], Awaitable[float]]:
+    """Send ``payloads`` as events the configured way; returns the seconds taken."""
+    if queued:
+        stream = inst.stream(name)
+
+        async def run(payloads: list[Any]) -> float:
+            send = stream.send
+            t = time.perf_counter()
+            for p in payloads:
+                send(p)
+            await rt.idle()
+            dt = time.perf_counter() - t
+            if rt.errors:
+                raise RuntimeError(f"queued events failed: {rt.errors[:3]}")
+            return dt
+    else:
+        async def run(payloads: list[Any]) -> float:
+            send = inst.send
+            t = time.perf_counter()
+            for p in payloads:
+                await send(name, p)
+            return time.perf_counter() - t
+
+    return run
+
+
+async def bench_counter(store: str, tmp: Path, cfg: Config) -> Result:
+    res = Result("counter", store, None)
+    spec = store_spec(store, tmp, "counter")
+    sent = 0
+    t = time.perf_counter()
+    async with Runtime(store=spec) as rt:
+        inst = rt.run(counter)
+        res.setup_s = time.perf_counter() - t
+        run = sender(rt, inst, "increment", cfg.queued)
+
+        async def run_round(m: int) -> float:
+            nonlocal sent
+            sent += m
+            return await run([{}] * m)
+
+        estimate = await measure(run_round, sys.maxsize, cfg, res)
+
+        async def one() -> None:
+            nonlocal sent
+            sent += 1
+            await inst.send("increment", {})
+
+        await traced(one, estimate, res)
+        got = inst.result.key("count").get()
+        if got != sent:
+            res.problems.append(f"counter reads {got!r} after {sent:,} events")
+    if store == "sqlite":
+        async with Runtime(store=spec) as rt:
+            got = rt.run(counter).result.key("count").get()
+            if got != sent:
+                res.problems.append(f"reopened, the counter reads {got!r} after {sent:,} events")
+    res.checked = True
+    return res
+
+
+def differ(got: Any, want: list[Any]) -> str:
+    if not isinstance(got, list):
+        return f"a {type(got).__name__} ({got!r:.40}), not a list of {len(want):,} items"
+    i = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+             min(len(got), len(want)))
+    return f"{len(got):,} items, {len(want):,} expected, first difference at index {i:,}"
+
+
+async def bench_push(store: str, size: int, tmp: Path, cfg: Config) -> Result:
+    res = Result("push", store, size)
+    spec = store_spec(store, tmp, f"push-{size}")
+    cap = max(1, int(size * GROWTH))
+    base = prefill(size)
+    k = 0  # titles pushed so far are "new 0" .. "new {k-1}"
+    since_reset = 0  # the list holds base + the last since_reset of them
+    resets = 0
+    t = time.perf_counter()
+    async with Runtime(store=spec) as rt:
+        inst = rt.run(todo, {"size": size})
+        res.setup_s = time.perf_counter() - t
+        items = inst.result.key("items")
+        run = sender(rt, inst, "push", cfg.queued)
+
+        async def run_round(m: int) -> float:
+            nonlocal k, since_reset, resets
+            if since_reset + m > cap:
+                items.set(base)  # untimed: back to the prefilled list
+                since_reset = 0
+                resets += 1
+            payloads = [{"title": f"new {i}"} for i in range(k, k + m)]
+            k += m
+            since_reset += m
+            return await run(payloads)
+
+        estimate = await measure(run_round, cap, cfg, res)
+
+        async def one() -> None:
+            await run_round(1)
+
+        if since_reset + 32 > cap:  # no reset in the middle of the traced events
+            items.set(base)
+            since_reset = 0
+            resets += 1
+
+        await traced(one, estimate, res)
+        want = base + [{"title": f"new {i}"} for i in range(k - since_reset, k)]
+        got = items.get()
+        if got != want:
+            res.problems.append(f"the list holds {differ(got, want)}")
+    if store == "sqlite":
+        async with Runtime(store=spec) as rt:
+            got = rt.run(todo, {"size": size}).result.key("items").get()
+            if got != want:
+                res.problems.append(f"reopened, the list holds {differ(got, want)}")
+    res.checked = True
+    return res
+
+
+_TABLE = """
+CREATE TABLE IF NOT EXISTS docs (
+    space   TEXT NOT NULL,
+    scope   TEXT NOT NULL,
+    id      TEXT NOT NULL,
+    value   TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    PRIMARY KEY (space, scope, id)
+) WITHOUT ROWID
+"""
+_UPSERT = ("INSERT INTO docs (space, scope, id, value, version) VALUES (?,?,?,?,?) "
+           "ON CONFLICT (space, scope, id) DO UPDATE SET value=excluded.value, "
+           "version=excluded.version")
+
+
+async def bench_floor(kind: str, tmp: Path, cfg: Config) -> Result:
+    """The bare SQLite cost of committing what one event changes: the counter's value
+    (one row updated in place) or the pushed item (a new row per push)."""
+    res = Result(f"floor {kind}", "sqlite", None)
+    db = sqlite3.connect(str(tmp / f"floor-{kind}.db"), isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute(_TABLE)
+    k = 0
+
+    async def run_round(m: int) -> float:
+        nonlocal k
+        execute, dumps = db.execute, json.dumps
+        t = time.perf_counter()
+        for i in range(k, k + m):
+            if kind == "counter":
+                key, value = "count", dumps(i + 1, separators=(",", ":"))
+            else:
+                key, value = f"items/{i}", dumps({"title": f"new {i}"}, separators=(",", ":"))
+            execute("BEGIN IMMEDIATE")
+            execute(_UPSERT, ("bench", "", key, value, i + 1))
+            execute("COMMIT")
+        dt = time.perf_counter() - t
+        k += m
+        return dt
+
+    try:
+        await measure(run_round, sys.maxsize, cfg, res)
+    finally:
+        db.close()
+    return res
+
+
+# ---------------------------------------------------------------------------- reporting
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def source_state() -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "runtime"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head[:72] + (" (+ uncommitted changes in runtime/)" if dirty else "")
+
+
+def report(results: list[Result], cfg: Config, elapsed: float) -> None:
+    rows = [("case", "store", "items", "events/s", "µs/event med", "µs/event min",
+             "blocks x events", "setup s", "peak KB/event", "kept B/event")]
+    for r in results:
+        per_block = r.events // max(len(r.per_event), 1)
+        rows.append((
+            r.case, r.store, f"{r.size:,}" if r.size else "-",
+            f"{1 / r.median:,.0f}", f"{r.median * 1e6:,.1f}", f"{r.minimum * 1e6:,.1f}",
+            f"{len(r.per_event)} x {per_block:,}",
+            f"{r.setup_s:.2f}" if not r.case.startswith("floor") else "-",
+            f"{r.peak_kb:,.1f}" if r.peak_kb is not None else "-",
+            f"{r.kept_b:,.0f}" if r.kept_b is not None else "-",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for n, row in enumerate(rows):
+        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+    by = {(r.case, r.store, r.size): r for r in results}
+    print(f"\ngrowth of the per-event push cost (median at N items / median at "
+          f"{SIZES[0]:,}; target: {SIZES[-1]:,}/{SIZES[0]:,} within {GROWTH_TARGET}x):")
+    passes = []
+    for store in ("memory", "sqlite"):
+        first = by[("push", store, SIZES[0])].median
+        parts = [f"{n // 1000}k/{SIZES[0] // 1000}k {by[('push', store, n)].median / first:.2f}x"
+                 for n in SIZES[1:]]
+        ok = by[("push", store, SIZES[-1])].median / first <= GROWTH_TARGET
+        passes.append(ok)
+        print(f"  {store:<7} " + "   ".join(parts) + f"   {verdict(ok)}")
+
+    print(f"\nSQLite event / bare SQLite upsert+commit of the same JSON (median; target: "
+          f"within {FLOOR_TARGET}x):")
+    floor_c = by[("floor counter", "sqlite", None)].median
+    floor_p = by[("floor push", "sqlite", None)].median
+    lines = [("counter", by[("counter", "sqlite", None)].median, floor_c)]
+    lines += [(f"push {n:,}", by[("push", "sqlite", n)].median, floor_p) for n in SIZES]
+    for label, ours, floor in lines:
+        ok = ours / floor <= FLOOR_TARGET
+        passes.append(ok)
+        print(f"  {label:<12} {ours * 1e6:9,.1f} µs / {floor * 1e6:6,.1f} µs = "
+              f"{ours / floor:6.2f}x   {verdict(ok)}")
+
+    checked = [r for r in results if r.checked]
+    wrong = [r for r in checked if r.problems]
+    print(f"\nfinal state checked in {len(checked)} cases (counter == events sent; list == "
+          "prefill + the pushes since its last reset; SQLite also read back by a new runtime "
+          f"on the same file): {verdict(not wrong)}")
+    for r in wrong:
+        where = f"{r.case} {r.store}" + (f" {r.size:,}" if r.size else "")
+        print(f"  WRONG {where}: " + "; ".join(r.problems))
+    passes.append(not wrong)
+    how = ("stream.send(event) x N, then one await rt.idle()" if cfg.queued
+           else "await inst.send(name, event), one awaited event at a time")
+    print(f"events driven with: {how} (one handler run and one committed transaction each).")
+    print(f"timing: warm-up, then {cfg.blocks} blocks of >= {cfg.block_s} s; med/min over "
+          "blocks of the time per event. push rounds grow the list by <= 10% of its "
+          "prefill, then it is reset untimed.")
+    print("setup s: runtime start and pattern run (the list prefilled as the cell's initial "
+          "value). peak KB/event: tracemalloc peak above the start of one event (median); "
+          "kept B/event: still allocated after them.")
+    print("floor: BEGIN IMMEDIATE; INSERT ... ON CONFLICT DO UPDATE; COMMIT of the event's "
+          "JSON (counter: one row updated; push: the item as a new row), WAL, "
+          "synchronous=NORMAL, the store's table.")
+    print(f"overall: {verdict(all(passes))} ({sum(passes)}/{len(passes)} targets and checks met); "
+          f"run took {elapsed:.0f} s.")
+
+
+async def main_async(cfg: Config, sizes: tuple[int, ...]) -> list[Result]:
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="celldialog-events-") as d:
+        tmp = Path(d)
+        for store in ("memory", "sqlite"):
+            results.append(await bench_counter(store, tmp, cfg))
+            for size in sizes:
+                results.append(await bench_push(store, size, tmp, cfg))
+        results.append(await bench_floor("counter", tmp, cfg))
+        results.append(await bench_floor("push", tmp, cfg))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--blocks", type=int, default=7, help="timed blocks (at least 5)")
+    parser.add_argument("--block-seconds", type=float, default=0.25)
+    parser.add_argument("--queued", action="store_true",
+                        help="stream.send x N + await rt.idle() instead of await inst.send")
+    parser.add_argument("--quick", action="store_true", help="5 short blocks (a smoke run)")
+    args = parser.parse_args()
+    if args.blocks < 5:
+        parser.error("--blocks must be at least 5")
+    cfg = Config(blocks=5 if args.quick else args.blocks,
+                 block_s=0.05 if args.quick else args.block_seconds,
+                 warmup_s=0.05 if args.quick else 0.25, queued=args.queued)
+    print(f"celldialog handler events: Python {platform.python_version()} "
+          f"({platform.python_implementation()}), SQLite {sqlite3.sqlite_version}, "
+          f"{os.cpu_count()} cores; source {source_state()}\n")
+    t = time.perf_counter()
+    results = anyio.run(main_async, cfg, SIZES)
+    report(results, cfg, time.perf_counter() - t)
+
+
+if __name__ == "__main__":
+    main()
