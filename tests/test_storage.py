@@ -2,20 +2,35 @@
 
 Each backend is an entry in ``BACKENDS``: a function that opens (or reopens) the store kept
 under a directory. A new backend (PostgreSQL) is one more entry; a backend whose data
-outlives ``close()`` is also listed in ``DURABLE`` and gets the reopen tests.
+outlives ``close()`` is also listed in ``DURABLE`` and gets the reopen tests. What only one
+backend has (SQLite's patch log, its locking) is tested at the end, by name.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import sqlite3
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import runtime.errors
 from runtime import MemoryStore, Runtime, SQLiteStore, Store, cell, handler, pattern
-from runtime.storage import ConflictError, DocKey, Stored, Write, open_store
+from runtime.storage import (
+    ConflictError,
+    DocKey,
+    StorageError,
+    StoreBusyError,
+    StoreClosedError,
+    Stored,
+    Write,
+    open_store,
+)
 
 Opener = Callable[[Path], Store]
 
@@ -375,3 +390,488 @@ def test_open_store_rejects_bad_specs_clearly(spec: str, words: list[str]) -> No
         open_store(spec)
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_the_storage_errors_are_the_runtime_errors() -> None:
+    for name in ("StorageError", "ConflictError", "StoreBusyError", "StoreClosedError"):
+        assert getattr(runtime.storage, name) is getattr(runtime.errors, name)
+    assert issubclass(ConflictError, runtime.errors.CelldialogError)
+
+
+@pytest.mark.parametrize(
+    ("query", "words"),
+    [
+        ("timeout=2", ["unknown option 'timeout'", "busy_timeout"]),
+        ("busy_timeout=soon", ["busy_timeout", "'soon'", ">= 0"]),
+        ("busy_timeout=-1", ["busy_timeout", "'-1'"]),
+        ("busy_timeout", ["busy_timeout", "''"]),
+    ],
+)
+def test_open_store_rejects_bad_sqlite_options_clearly(
+    tmp_path: Path, query: str, words: list[str]
+) -> None:
+    with pytest.raises(ValueError) as info:
+        open_store(f"sqlite:///{tmp_path / 'o.db'}?{query}")
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+    assert not (tmp_path / "o.db").exists()
+
+
+def test_open_store_takes_the_busy_timeout_from_the_url(tmp_path: Path) -> None:
+    s = open_store(f"sqlite:///{tmp_path / 'o.db'}?busy_timeout=2.5")
+    try:
+        assert isinstance(s, SQLiteStore) and s.busy_timeout == 2.5
+        assert s.path == str(tmp_path / "o.db")
+    finally:
+        s.close()
+    s = open_store(f"sqlite:///{tmp_path / 'o.db'}")
+    try:
+        assert isinstance(s, SQLiteStore) and s.busy_timeout == 5.0
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------- create-if-absent, conflicts
+
+
+def test_create_if_absent_on_an_existing_document_conflicts_and_commits_nothing(
+    store: Store,
+) -> None:
+    store.commit([Write(A, "mine")])
+    with pytest.raises(ConflictError, match=r"already exists at version 1.*expected 0"):
+        store.commit([Write(B, "b", expect=0), Write(A, "theirs", expect=0), Write(C, 1)])
+    assert store.load(A) == Stored("mine", 1)
+    assert store.load(B) is None and store.load(C) is None
+    assert list(store.keys("space-a")) == [A]
+    assert store.commit([Write(B, "b", expect=0)]) == {B: 1}
+
+
+def test_a_conflict_says_another_writer_changed_it_and_how_to_retry(store: Store) -> None:
+    store.commit([Write(C, 1), Write(C, 2)])  # two writes of one key: version 2
+    with pytest.raises(ConflictError) as info:
+        store.commit([Write(C, 3, expect=1)])
+    message = str(info.value)
+    for words in ("another writer", "'doc-1'", "'space-a'", "'user:alice'", "version 2",
+                  "expected 1", "nothing was committed", "Re-read", "apply your change again"):
+        assert words in message, (words, message)
+
+
+def test_writes_of_one_key_in_one_commit_apply_in_order(store: Store) -> None:
+    assert store.commit([Write(A, "one", expect=0), Write(A, "two", expect=1)]) == {A: 2}
+    assert store.load(A) == Stored("two", 2)
+    with pytest.raises(ConflictError):
+        store.commit([Write(A, "three", expect=2), Write(A, "four", expect=2)])
+    assert store.load(A) == Stored("two", 2)
+
+
+# ----------------------------------------------------------------------------- patches
+
+
+def push(key: DocKey, version: int, path: tuple[Any, ...], value: Any) -> Write:
+    return Write(key, None, expect=version, patch=((path, value),))
+
+
+def test_a_patch_assigns_appends_and_replaces(store: Store) -> None:
+    store.commit([Write(A, {"items": ["milk"], "meta": {"n": 1}})])
+    steps = (
+        (("items", 1), "eggs"),             # index == len appends
+        (("items", 0), "oat milk"),         # an index < len replaces
+        (("meta", "n"), 2),                 # an existing key
+        (("meta", "tags"), []),             # a new key
+        (("meta", "tags", 0), {"t": "x"}),  # into what an earlier step made
+        (("meta", "tags", 0, "t"), "y"),
+    )
+    assert store.commit([Write(A, None, expect=1, patch=steps)]) == {A: 2}
+    want = {"items": ["oat milk", "eggs"], "meta": {"n": 2, "tags": [{"t": "y"}]}}
+    got = store.load(A)
+    assert got is not None and got.version == 2 and same_json(got.value, want)
+    assert store.commit([Write(A, None, expect=2, patch=(((), [1.0]), ((1,), True)))]) == {A: 3}
+    got = store.load(A)
+    assert got is not None and same_json(got.value, [1.0, True])
+
+
+def test_a_patch_creates_a_document_from_the_empty_path(store: Store) -> None:
+    steps = (((), {"items": []}), (("items", 0), "first"))
+    assert store.commit([Write(A, None, expect=0, patch=steps)]) == {A: 1}
+    assert store.load(A) == Stored({"items": ["first"]}, 1)
+    with pytest.raises(StorageError, match="empty path"):
+        store.commit([Write(B, None, expect=0, patch=((("items",), []),))])
+    assert store.load(B) is None
+
+
+def test_a_patch_without_expect_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"patch needs expect.*expect=<the version"):
+        Write(A, None, patch=((("x",), 1),))
+
+
+@pytest.mark.parametrize(
+    ("path", "where"),
+    [
+        (("nope", "x"), r"/nope/x does not exist \(no key 'nope' at /\)"),
+        (("items", 3), r"/items/3 does not exist \(no index 3 in a list of 2 at /items\)"),
+        (("items", -1), r"/items/-1 does not exist"),
+        (("items", "0"), r"/items/0 does not exist"),
+        (("meta", 0), r"/meta/0 does not exist \(an object's keys are strings"),
+        (("items", 0, "x"), r"/items/0/x does not exist \(str has no children at /items/0\)"),
+        (("meta", "n", "deeper", "still"), r"/meta/n/deeper/still does not exist"),
+    ],
+)
+def test_a_patch_to_a_path_that_does_not_exist_commits_nothing(
+    store: Store, path: tuple[Any, ...], where: str
+) -> None:
+    store.commit([Write(A, {"items": ["milk"], "meta": {"n": 1}}), Write(B, [0])])
+    before = {k: store.load(k) for k in (A, B)}
+    good = ((("items", 1), "eggs"), (("meta", "n"), 5))  # applied in place, then undone
+    writes = [push(B, 1, (1,), 1), Write(A, None, expect=1, patch=(*good, (path, "v")))]
+    with pytest.raises(StorageError, match=where) as info:
+        store.commit(writes)
+    assert "nothing was committed" in str(info.value)
+    assert {k: store.load(k) for k in (A, B)} == before
+    # the store is not left half-patched: the good steps apply to the old value
+    assert store.commit([Write(A, None, expect=1, patch=good)]) == {A: 2}
+    assert store.load(A) == Stored({"items": ["milk", "eggs"], "meta": {"n": 5}}, 2)
+
+
+def test_a_patch_applies_to_the_version_it_expects(store: Store) -> None:
+    store.commit([Write(A, [1])])
+    store.commit([push(A, 1, (1,), 2)])
+    with pytest.raises(ConflictError, match=r"version 2.*expected 1"):
+        store.commit([push(A, 1, (1,), "stale")])
+    assert store.load(A) == Stored([1, 2], 2)
+
+
+def test_values_go_in_and_out_as_copies(store: Store) -> None:
+    """The runtime changes its own copy in place after a commit; the store's must not."""
+    value = {"items": [{"t": "milk"}]}
+    store.commit([Write(A, value)])
+    value["items"].append({"t": "leaked"})
+    value["items"][0]["t"] = "leaked"
+    pushed = {"t": "eggs", "tags": []}
+    store.commit([push(A, 1, ("items", 1), pushed)])
+    pushed["tags"].append("leaked")
+    got = store.load(A)
+    assert got == Stored({"items": [{"t": "milk"}, {"t": "eggs", "tags": []}]}, 2)
+    assert got is not None
+    got.value["items"].clear()
+    store.commit([push(A, 2, ("items", 2), "bread")])  # after a patch too
+    again = store.load(A)
+    assert again is not None and again.value["items"][0] == {"t": "milk"}
+    assert len(again.value["items"]) == 3
+
+
+_SAMPLES = ['0', '7', '"s"', 'null', 'true', '1.5', '[]', '{}', '[1, 2]', '{"a": [], "b": {}}']
+
+
+Steps = tuple[tuple[tuple[Any, ...], Any], ...]
+
+
+def _random_patch(rng: random.Random, doc: Any) -> tuple[Steps, Any]:
+    """Valid steps against ``doc``, and the value they make (``doc`` is changed in place)."""
+    steps = []
+    for _ in range(rng.randint(1, 4)):
+        value = json.loads(rng.choice(_SAMPLES))  # a fresh object each time
+        path: tuple[Any, ...] = ()
+        node = doc
+        while type(node) in (dict, list) and node and rng.random() < 0.7:
+            k = rng.choice(list(node)) if type(node) is dict else rng.randrange(len(node))
+            if type(node[k]) not in (dict, list):
+                break
+            path, node = (*path, k), node[k]
+        if rng.random() < 0.03 or type(node) not in (dict, list):
+            path, doc = (), json.loads(json.dumps(value))
+        elif type(node) is dict:
+            k = rng.choice([*node, f"k{rng.randrange(6)}"])
+            path = (*path, k)
+            node[k] = json.loads(json.dumps(value))
+        else:
+            i = rng.randrange(len(node) + 1)
+            path = (*path, i)
+            if i == len(node):
+                node.append(json.loads(json.dumps(value)))
+            else:
+                node[i] = json.loads(json.dumps(value))
+        steps.append((path, value))
+    return tuple(steps), doc
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_patches_load_as_the_values_they_make(store: Store, seed: int) -> None:
+    rng = random.Random(seed)
+    model: Any = {"items": [f"item-{i}" for i in range(30)], "meta": {}}
+    store.commit([Write(A, model)])
+    model = json.loads(json.dumps(model))
+    version = 1
+    for n in range(150):
+        if n % 50 == 49:
+            model = {"restart": [n]}
+            store.commit([Write(A, model, expect=version)])
+            model = json.loads(json.dumps(model))
+        else:
+            steps, model = _random_patch(rng, model)
+            store.commit([Write(A, None, expect=version, patch=steps)])
+        version += 1
+        got = store.load(A)
+        assert got is not None and got.version == version
+        assert same_json(got.value, model), (n, got.value, model)
+
+
+def test_reopen_replays_the_patches(reopen: Callable[[], Store]) -> None:
+    rng = random.Random(7)
+    s = reopen()
+    model: Any = {"items": [f"item-{i}" for i in range(200)]}
+    s.commit([Write(A, model)])
+    model = json.loads(json.dumps(model))
+    for version in range(1, 60):
+        steps, model = _random_patch(rng, model)
+        s.commit([Write(A, None, expect=version, patch=steps)])
+    s.close()
+    s = reopen()
+    try:
+        got = s.load(A)
+        assert got is not None and got.version == 60 and same_json(got.value, model)
+        s.commit([push(A, 60, (), "whole")])
+    finally:
+        s.close()
+    s = reopen()
+    try:
+        assert s.load(A) == Stored("whole", 61)
+    finally:
+        s.close()
+
+
+# ------------------------------------------------------------------------------ closing
+
+
+def test_a_closed_store_refuses_every_call(store: Store) -> None:
+    store.commit([Write(A, 1)])
+    store.close()
+    for call in (lambda: store.load(A), lambda: store.commit([Write(A, 2)]),
+                 lambda: store.commit([]), lambda: store.keys("space-a")):
+        with pytest.raises(StoreClosedError, match=r"after close\(\)|closed"):
+            call()
+    store.close()  # twice is fine
+
+
+# ------------------------------------------------------------------ SQLite: the patch log
+
+
+def _raw(path: Path, sql: str, *args: Any) -> list[Any]:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def test_sqlite_appends_patches_and_compacts_when_the_log_outgrows_the_base(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "log.db"
+    s = SQLiteStore(path)
+    try:
+        items = [f"item-{i}" for i in range(1000)]
+        s.commit([Write(A, {"items": items})])
+        ((base,),) = _raw(path, "SELECT value FROM docs")
+        version = 1
+        for n in range(1000, 1010):
+            s.commit([push(A, version, ("items", n), f"item-{n}")])
+            version += 1
+        # ten pushes appended ten log rows; the base was not rewritten
+        assert _raw(path, "SELECT value, version FROM docs") == [(base, 11)]
+        assert _raw(path, "SELECT version FROM patches ORDER BY version") == [
+            (v,) for v in range(2, 12)
+        ]
+        got = s.load(A)
+        assert got is not None and got.value == {"items": [f"item-{i}" for i in range(1010)]}
+        pushes = 10
+        while _raw(path, "SELECT count(*) FROM patches") != [(0,)]:
+            s.commit([push(A, version, ("items", 1000 + pushes), f"item-{1000 + pushes}")])
+            version += 1
+            pushes += 1
+            assert pushes < 2000, "the log was never compacted"
+        # compacted once the log's size passed the base's: hundreds of pushes, not every one
+        patch_size = len(json.dumps([[["items", 1000], "item-1000"]], separators=(",", ":")))
+        assert pushes >= len(base) // patch_size
+        ((text, stored_version),) = _raw(path, "SELECT value, version FROM docs")
+        assert stored_version == version
+        assert json.loads(text) == {"items": [f"item-{i}" for i in range(1000 + pushes)]}
+    finally:
+        s.close()
+
+
+def test_sqlite_patches_from_another_connection_are_seen(tmp_path: Path) -> None:
+    one, two = SQLiteStore(tmp_path / "x.db"), SQLiteStore(tmp_path / "x.db")
+    try:
+        one.commit([Write(A, {"n": [0]})])
+        one.commit([push(A, 1, ("n", 1), 1)])  # one keeps version 2
+        two.commit([push(A, 2, ("n", 2), 2)])
+        with pytest.raises(ConflictError):
+            one.commit([push(A, 2, ("n", 2), "lost")])
+        one.commit([push(A, 3, ("n", 3), 3)])  # patches what two wrote, not its own copy
+        two.commit([push(A, 4, ("other",), True)])
+        for s in (one, two):
+            assert s.load(A) == Stored({"n": [0, 1, 2, 3], "other": True}, 5)
+        with pytest.raises(StorageError, match="does not exist"):
+            two.commit([push(A, 5, ("n", 9), "gap")])
+        assert one.load(A) == Stored({"n": [0, 1, 2, 3], "other": True}, 5)
+    finally:
+        one.close()
+        two.close()
+
+
+_OLD_SCHEMA = """
+CREATE TABLE docs (
+    space   TEXT NOT NULL,
+    scope   TEXT NOT NULL,
+    id      TEXT NOT NULL,
+    value   TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    PRIMARY KEY (space, scope, id)
+) WITHOUT ROWID
+"""
+
+
+def test_sqlite_opens_a_file_from_before_the_patch_log(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.execute(_OLD_SCHEMA)
+    db.execute("INSERT INTO docs VALUES (?,?,?,?,?)", (*A, '{"items":["milk"]}', 3))
+    db.execute("INSERT INTO docs VALUES (?,?,?,?,?)", (*C, '"alice"', 1))
+    db.commit()
+    db.close()
+    s = SQLiteStore(path)
+    try:
+        assert s.load(A) == Stored({"items": ["milk"]}, 3)
+        assert sorted(s.keys("space-a")) == sorted([A, C])
+        assert s.commit([push(A, 3, ("items", 1), "eggs")]) == {A: 4}
+        assert s.commit([Write(C, "alice 2", expect=1)]) == {C: 2}
+    finally:
+        s.close()
+    s = SQLiteStore(path)  # and again, now that it is migrated
+    try:
+        assert s.load(A) == Stored({"items": ["milk", "eggs"]}, 4)
+        assert s.load(C) == Stored("alice 2", 2)
+    finally:
+        s.close()
+
+
+def test_sqlite_refuses_a_value_that_is_not_json(tmp_path: Path) -> None:
+    s = SQLiteStore(tmp_path / "x.db")
+    try:
+        s.commit([Write(A, [1])])
+        with pytest.raises(StorageError, match=r"'doc-1'.*not JSON"):
+            s.commit([Write(B, 1), push(A, 1, (1,), {1, 2})])
+        assert s.load(A) == Stored([1], 1) and s.load(B) is None
+        assert s.commit([push(A, 1, (1,), 2)]) == {A: 2}
+        assert s.load(A) == Stored([1, 2], 2)
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------- SQLite: locks and its errors
+
+
+def test_sqlite_a_locked_database_waits_then_raises_store_busy(tmp_path: Path) -> None:
+    path = tmp_path / "busy.db"
+    s = SQLiteStore(path, busy_timeout=0.3)
+    try:
+        s.commit([Write(A, 1)])
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+        try:
+            with pytest.raises(StoreBusyError) as info:
+                s.commit([Write(A, 2, expect=1)])
+            message = str(info.value)
+            for words in (str(path), "0.3 s", "busy_timeout", "nothing was committed",
+                          "busy_timeout=30"):
+                assert words in message, (words, message)
+            assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+            assert s.load(A) == Stored(1, 1)  # readers are not blocked by a writer
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert s.commit([Write(A, 2, expect=1)]) == {A: 2}
+    finally:
+        s.close()
+
+
+def test_sqlite_a_lock_released_within_the_timeout_is_waited_for(tmp_path: Path) -> None:
+    path = tmp_path / "wait.db"
+    s = SQLiteStore(path)
+    try:
+        s.commit([Write(A, 1)])
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+        release.start()
+        started = time.monotonic()
+        try:
+            assert s.commit([Write(A, 2, expect=1)]) == {A: 2}
+        finally:
+            release.join()
+            holder.close()
+        assert time.monotonic() - started >= 0.2  # it did wait for the other writer
+        assert s.load(A) == Stored(2, 2)
+    finally:
+        s.close()
+
+
+def test_sqlite_open_waits_for_a_locked_file_then_raises_store_busy(tmp_path: Path) -> None:
+    path = tmp_path / "exclusive.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")  # blocks readers too, so open must wait
+    try:
+        with pytest.raises(StoreBusyError) as info:
+            SQLiteStore(path, busy_timeout=0.2)
+        assert str(path) in str(info.value) and "0.2 s" in str(info.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    s = SQLiteStore(path, busy_timeout=0.2)
+    try:
+        assert s.commit([Write(A, 1)]) == {A: 1}
+    finally:
+        s.close()
+
+
+def test_sqlite_a_missing_directory_is_named_not_created(tmp_path: Path) -> None:
+    where = tmp_path / "no" / "such" / "app.db"
+    with pytest.raises(StorageError) as info:
+        SQLiteStore(where)
+    assert str(where) in str(info.value)
+    assert f"the directory '{where.parent}' does not exist" in str(info.value)
+    assert not (tmp_path / "no").exists()
+
+
+def test_sqlite_a_file_that_is_not_a_database_is_a_storage_error(tmp_path: Path) -> None:
+    where = tmp_path / "notes.txt"
+    where.write_bytes(b"this is not an SQLite database, just text " * 100)
+    with pytest.raises(StorageError) as info:
+        SQLiteStore(where)
+    assert str(where) in str(info.value) and "not a database" in str(info.value)
+    assert isinstance(info.value.__cause__, sqlite3.DatabaseError)
+
+
+def test_sqlite_errors_in_use_are_storage_errors_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.db"
+    s = SQLiteStore(path)
+    try:
+        s.commit([Write(A, 1)])
+        _raw(path, "DROP TABLE docs")
+        for call in (lambda: s.load(A), lambda: s.commit([Write(A, 2)]),
+                     lambda: s.keys("space-a")):
+            with pytest.raises(StorageError) as info:
+                call()
+            assert str(path) in str(info.value) and "no such table" in str(info.value)
+            assert isinstance(info.value.__cause__, sqlite3.Error)
+            assert not isinstance(info.value, sqlite3.Error)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "5", True])
+def test_sqlite_busy_timeout_must_be_seconds(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match="busy_timeout"):
+        SQLiteStore(tmp_path / "x.db", busy_timeout=bad)
