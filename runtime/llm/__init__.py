@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from .catalog import ModelInfo, aliases, by_alias, lookup, small_model
 from .config import DEFAULT_MODEL_VAR, Settings
-from .errors import ConfigurationError, Fault, LLMError, retry_class
+from .errors import (
+    MAX_MESSAGE_CHARS,
+    ConfigurationError,
+    Fault,
+    LLMError,
+    quota_exhausted,
+    retry_class,
+)
 from .events import (
     Assembler,
     OpaqueDone,
@@ -30,9 +37,18 @@ from .events import (
 )
 from .model import Model
 from .resolve import ModelSettings, model_settings, parse_model_name, resolve_model
-from .retry import NO_RETRY, RetryPolicy, parse_retry_after, retry_call, retry_stream
+from .retry import (
+    NO_RETRY,
+    RetryPolicy,
+    parse_retry_after,
+    parse_retry_after_ms,
+    retry_call,
+    retry_stream,
+)
 from .retrying import RetryingModel, with_retry
 from .safety import (
+    check_api_key,
+    check_base_url,
     display_url,
     is_loopback_host,
     is_loopback_url,
@@ -84,6 +100,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DEFAULT_MODEL_VAR",
+    "MAX_MESSAGE_CHARS",
     "NO_RETRY",
     "AnthropicModel",
     "Assembler",
@@ -127,6 +144,8 @@ __all__ = [
     "aliases",
     "assemble",
     "by_alias",
+    "check_api_key",
+    "check_base_url",
     "delayed",
     "display_url",
     "is_loopback_host",
@@ -135,6 +154,8 @@ __all__ = [
     "model_settings",
     "parse_model_name",
     "parse_retry_after",
+    "parse_retry_after_ms",
+    "quota_exhausted",
     "resolve_model",
     "retry_call",
     "retry_class",
