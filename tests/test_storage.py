@@ -875,3 +875,26 @@ def test_sqlite_errors_in_use_are_storage_errors_naming_the_file(tmp_path: Path)
 def test_sqlite_busy_timeout_must_be_seconds(tmp_path: Path, bad: Any) -> None:
     with pytest.raises(ValueError, match="busy_timeout"):
         SQLiteStore(tmp_path / "x.db", busy_timeout=bad)
+
+
+
+def test_sqlite_open_waits_while_another_connection_writes_a_new_file(tmp_path: Path) -> None:
+    """Switching a file to WAL while another connection writes it makes SQLite answer
+    "database is locked" at once, without calling the busy handler (so several processes
+    opening a new file together failed): the store retries within busy_timeout instead."""
+    path = tmp_path / "new.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE other (x)")  # a rollback-journal file, as new files are
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        s = SQLiteStore(path)
+    finally:
+        release.join()
+        holder.close()
+    try:
+        assert _raw(path, "PRAGMA journal_mode") == [("wal",)]
+        assert s.commit([Write(A, 1, expect=0)]) == {A: 1}
+    finally:
+        s.close()
