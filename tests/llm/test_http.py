@@ -380,9 +380,9 @@ async def test_the_timeout_bounds_a_whole_attempt_not_each_read(
     """A server that never stops sending (SSE comments, or a body of blanks) answers every
     read at once, so no read ever waits long; the attempt still ends when its time is up.
     Time is the policy's clock, which here moves one second per reading: the 5 s budget runs
-    out after a few reads of the 10 MB the server would send before giving up itself."""
+    out after a few reads of the 64 MB the server would send before giving up itself."""
     sent_all = threading.Event()
-    total = 10 * 1024 * 1024
+    total = 64 * 1024 * 1024  # far beyond what socket buffers can hold
 
     def respond(rec: Recorded, ex: Exchange) -> None:
         h = ex.handler
