@@ -24,7 +24,9 @@
         └── ConfigurationError        an unknown model, a missing key, an unusable URL or key
 
 Errors of the libraries underneath (``sqlite3``, ``jsonschema``, ``httpx``) never escape
-bare: they are wrapped in one of these, with the original as ``__cause__``. The builtin bases
+bare: they are wrapped in one of these. Storage errors keep the original as ``__cause__``;
+errors leaving an LLM adapter carry no chained exception at all, because the httpx error
+underneath holds the request and with it the API key. The builtin bases
 (``ValueError``, ``LookupError``, ``TypeError``, ``RuntimeError``) are kept beside ours so
 code that caught those before keeps working.
 
