@@ -630,13 +630,14 @@ def run_one(lib_name: str, scenario: str, per_block: int, blocks: int) -> dict:
         seen.clear()
         if isinstance(extra, tuple) and len(extra) == 2 and isinstance(extra[1], list):
             extra[1][0] = 0
-        times = []
+        times, cpus = [], []
         for block in range(blocks + 1):  # the first block is the warm-up
             gc.collect()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             for i in range(block * per_block, (block + 1) * per_block):
                 write(i)
             times.append((time.perf_counter() - t) / per_block)
+            cpus.append((time.process_time() - c) / per_block)
         writes = (blocks + 1) * per_block
         if scenario == "cellx-1000" and writes % 2 == 0:
             write(writes)  # end on the (4, 3, 2, 1) inputs, whose end values are known
@@ -646,6 +647,7 @@ def run_one(lib_name: str, scenario: str, per_block: int, blocks: int) -> dict:
     timed = times[1:]
     bad = sum(1 for v, want in seen if v != want)
     out = {"status": "ok", "us": statistics.median(timed) * 1e6, "us_min": min(timed) * 1e6,
+           "cpu_us": statistics.median(cpus[1:]) * 1e6,
            "blocks": len(timed), "per_block": per_block, "writes": writes,
            "emissions": len(seen), "inconsistent": bad,
            "missed": max(EXPECTED_EMISSIONS.get(scenario, 1) * writes - len(seen), 0), **info}
@@ -749,6 +751,7 @@ def main() -> None:
     if blocks < 5:
         sys.exit("--blocks must be at least 5")
     sig_python, sig_how = find_signified(install="--no-install" not in sys.argv)
+    print(f"start: {_load()}")
     started = time.perf_counter()
     results: dict[str, dict[str, dict]] = {}
     for scenario, (_, per_block) in SCENARIOS.items():
@@ -776,7 +779,16 @@ def main() -> None:
             else:
                 results[scenario][lib] = json.loads(proc.stdout)
     print_table(results, blocks, sig_python, sig_how)
-    print(f"run took {time.perf_counter() - started:.0f} s.")
+    print(f"run took {time.perf_counter() - started:.0f} s; {_load()}.")
+
+
+def _load() -> str:
+    """The machine's load average: on a shared machine, how far to trust the figures."""
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
 def _fmt(r: dict, key: str = "us") -> str:
@@ -788,12 +800,12 @@ def _glitches(r: dict) -> str:
     return str(r.get("inconsistent", "-")) + missed
 
 
-def _ratio(ours: dict, peer: dict) -> str:
+def _ratio(ours: dict, peer: dict, key: str = "us") -> str:
     if ours.get("status") != "ok" or peer.get("status") != "ok":
         return "-"
     if ours.get("missed") or peer.get("missed"):
         return "-"  # a run that lost updates did less work: no fair ratio
-    return f"{peer['us'] / ours['us']:.2f}"
+    return f"{peer[key] / ours[key]:.2f}"
 
 
 def _versions(results: dict[str, dict[str, dict]]) -> dict[str, tuple[str, str]]:
@@ -844,6 +856,15 @@ def print_table(results: dict[str, dict[str, dict]], blocks: int, sig_python: st
         print(f"{scenario:<12} " + " ".join(f"{_fmt(row[lib], 'us_min'):>10}" for lib in LIBS)
               + f"   {per_block}")
     print()
+    head = (f"{'CPU':<12} " + " ".join(f"{lib:>10}" for lib in LIBS) + " "
+            + " ".join(f"{SHORT[lib] + '/ours':>12}" for lib in (*PEERS, "cells")))
+    print(head)
+    print("-" * len(head))
+    for scenario, row in results.items():
+        print(f"{scenario:<12} " + " ".join(f"{_fmt(row[lib], 'cpu_us'):>10}" for lib in LIBS)
+              + " " + " ".join(f"{_ratio(row['ours'], row[lib], 'cpu_us'):>12}"
+                               for lib in (*PEERS, "cells")))
+    print()
     for lib in LIBS:
         r = results["cellx-1000"][lib]
         if "ends" in r:
@@ -857,6 +878,8 @@ def print_table(results: dict[str, dict[str, dict]], blocks: int, sig_python: st
           " inputs at that moment; missed: updates an observer never saw.")
     print("us/w: microseconds per write (cellx: per batch of 4; batch-1000: per batch of 1,000)."
           " ratios: peer time / our time, > 1 means we are faster.")
+    print("first table: median wall time over blocks; minimum: the fastest block; CPU: median"
+          " CPU time of the subprocess (steadier than wall time on a busy machine).")
     print("ours: the reactive kernel (runtime.signals); cells: the same graph as stored and"
           " computed cells, each write a committed transaction; cells/ours: its cost factor.")
     print("doc-10000: a computed sums a field over a 10,000-item list; each write changes one"
