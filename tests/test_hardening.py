@@ -664,3 +664,15 @@ async def test_a_conflict_says_another_writer_changed_it_and_how_to_retry(tmp_pa
         assert "Another writer" in str(info.value) and "again" in str(info.value)
         a2.set(3)  # it caught up: the retry commits
         assert a1.get() in (1, 3) and a2.get() == 3
+
+
+async def test_events_queued_from_outside_a_handler_run_without_anyone_draining():
+    async with Runtime() as rt:
+        inst = rt.run(todo)
+        arrived = anyio.Event()
+        inst.result.key("items").sink(lambda v: arrived.set() if v else None)
+        inst.stream("add").send({"title": "from a timer"})  # queued, nobody awaits idle()
+        assert inst.result.key("items").get() == []  # not run inside send()
+        with anyio.fail_after(5):
+            await arrived.wait()
+        assert inst.result.key("items").get() == ["from a timer"]

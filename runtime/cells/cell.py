@@ -16,10 +16,11 @@ from .schema import asks_for_link, subschema
 
 if TYPE_CHECKING:
     from reactivex import Observable
-    from reactivex.abc import DisposableBase
+    from reactivex.abc import SchedulerBase
 
     from .pattern import Handler
     from .runtime import Instance
+    from .rx import Feed
     from .scheduler import Scheduler
 
 
@@ -326,12 +327,14 @@ class Stream:
         """Queue ``event`` (processed at the next ``await rt.idle()`` / ``send`` / turn)."""
         self._scheduler.enqueue(self, event)
 
-    def feed(self, source: Observable[Any]) -> DisposableBase:
+    def feed(self, source: Observable[Any], *,
+             scheduler: SchedulerBase | None = None) -> Feed:
         """Send each item of a ReactiveX ``Observable`` here as an event; returns the
-        subscription (dispose it to stop). See ``docs/reactivex.md``."""
+        subscription (dispose it to stop, ``await feed.wait()`` for its end). The runtime
+        runs the events soon after they arrive. See ``docs/reactivex.md``."""
         from .rx import feed
 
-        return feed(source, self)
+        return feed(source, self, scheduler=scheduler)
 
     def link(self) -> dict[str, Any]:
         return make_link(self._key, ())

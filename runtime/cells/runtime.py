@@ -121,6 +121,7 @@ class Runtime:
         self.clock = clock
         self.docs = Documents(self.store)
         self._changed: anyio.Event | None = None  # made by a waiter, set by the next poke
+        self._work: anyio.Event | None = None  # the pump's, while it waits for events
         self.scheduler = Scheduler(self.docs, wake=self._poke, max_chain=max_event_chain)
         self._instances: dict[tuple[Any, ...], Instance] = {}
         self._tg: TaskGroup | None = None
@@ -135,7 +136,18 @@ class Runtime:
         self._state = _State.OPEN
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self._tg.start_soon(self._pump, name="celldialog event pump")
         return self
+
+    async def _pump(self) -> None:
+        """Run events queued from outside a handler (another task, a timer, an Rx feed)
+        soon after they arrive, so nothing waits for someone to call ``idle()``."""
+        while True:
+            if not self.scheduler.queue:
+                work = self._work = anyio.Event()
+                await work.wait()
+            await anyio.lowlevel.checkpoint()  # the sender goes on first; then we drain
+            self.scheduler.drain()
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
                         tb: TracebackType | None) -> bool | None:
@@ -267,6 +279,9 @@ class Runtime:
         changed, self._changed = self._changed, None
         if changed is not None:
             changed.set()
+        work, self._work = self._work, None
+        if work is not None:
+            work.set()
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any,
               owner: Instance | None = None, name: str = "task") -> anyio.CancelScope:
