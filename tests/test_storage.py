@@ -677,7 +677,8 @@ def test_sqlite_appends_patches_and_compacts_when_the_log_outgrows_the_base(
             s.commit([push(A, version, ("items", n), f"item-{n}")])
             version += 1
         # ten pushes appended ten log rows; the base was not rewritten
-        assert _raw(path, "SELECT value, version FROM docs") == [(base, 11)]
+        assert _raw(path, "SELECT value, version FROM docs") == [(base, 1)]
+        assert _raw(path, "SELECT version FROM heads") == [(11,)]
         assert _raw(path, "SELECT version FROM patches ORDER BY version") == [
             (v,) for v in range(2, 12)
         ]
@@ -693,7 +694,7 @@ def test_sqlite_appends_patches_and_compacts_when_the_log_outgrows_the_base(
         patch_size = len(json.dumps([[["items", 1000], "item-1000"]], separators=(",", ":")))
         assert pushes >= len(base) // patch_size
         ((text, stored_version),) = _raw(path, "SELECT value, version FROM docs")
-        assert stored_version == version
+        assert stored_version == version and _raw(path, "SELECT * FROM heads") == []
         assert json.loads(text) == {"items": [f"item-{i}" for i in range(1000 + pushes)]}
     finally:
         s.close()

@@ -9,16 +9,17 @@ journal-mode switch racing another open, say) is retried until the same bound. P
 store raises ``StoreBusyError``; every other SQLite failure is a ``StorageError`` naming
 the file, with the ``sqlite3`` error as ``__cause__``. The file's directory must exist.
 
-Tables: ``docs`` holds each document's base value (JSON text) and current version;
+Tables: ``docs`` holds each document's base value (JSON text) and the base's version;
 ``patches`` is an append-only log of the patches (``Write.patch``) committed since that
-base, one row per version. ``load()`` is the base with the log replayed in version order.
-A patch is appended, not merged, so pushing one item to a 100,000-item list writes that
-item only; when the log grows larger than the base it is compacted (the base rewritten at
-the current version, the log deleted), which keeps writes amortised O(size of the change)
-and a load at most twice the document's size. To check a patch's paths without reading
-the document back, the store keeps the current value of documents it patched (by version;
-one another writer changed is read again). Files written before the log existed (a
-``docs`` table without the new columns) are migrated on open by adding what is missing.
+base, one row per version; ``heads`` has the current version and the log's size of each
+document whose log is not empty. ``load()`` is the base with the log replayed in version
+order. A patch is appended, not merged, so pushing one item to a 100,000-item list writes
+that item (and two small rows), never the list; when the log grows larger than the base it
+is compacted (the base rewritten at the current version, the log deleted), which keeps
+writes amortised O(size of the change) and a load at most twice the document's size. To
+check a patch's paths without reading the document back, the store keeps the current value
+of documents it patched (by version; one another writer changed is read again). A file from
+before the log (only ``docs``) opens as it is: the missing tables are created.
 """
 
 from __future__ import annotations
@@ -41,16 +42,28 @@ T = TypeVar("T")
 DEFAULT_BUSY_TIMEOUT = 5.0
 CACHED_DOCS = 256  # documents whose current value is kept to check patches against
 
+# ``version`` before ``value``: reading a row's version must not walk a large value's
+# overflow pages (files from before the log have them the other way round; they work)
 _DOCS = """
 CREATE TABLE IF NOT EXISTS docs (
-    space        TEXT NOT NULL,
-    scope        TEXT NOT NULL,
-    id           TEXT NOT NULL,
-    value        TEXT NOT NULL,
-    version      INTEGER NOT NULL,
-    base_version INTEGER,
-    base_size    INTEGER,
-    log_size     INTEGER NOT NULL DEFAULT 0,
+    space   TEXT NOT NULL,
+    scope   TEXT NOT NULL,
+    id      TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    value   TEXT NOT NULL,
+    PRIMARY KEY (space, scope, id)
+) WITHOUT ROWID
+"""
+# one row per document with a non-empty log: its current version, the log's and the base's
+# size. Kept apart from ``docs`` because SQLite rewrites a whole row on update, value too.
+_HEADS = """
+CREATE TABLE IF NOT EXISTS heads (
+    space     TEXT NOT NULL,
+    scope     TEXT NOT NULL,
+    id        TEXT NOT NULL,
+    version   INTEGER NOT NULL,
+    log_size  INTEGER NOT NULL,
+    base_size INTEGER NOT NULL,
     PRIMARY KEY (space, scope, id)
 ) WITHOUT ROWID
 """
@@ -64,12 +77,7 @@ CREATE TABLE IF NOT EXISTS patches (
     PRIMARY KEY (space, scope, id, version)
 ) WITHOUT ROWID
 """
-# columns added to a ``docs`` table from before the patch log, and how to fill them
-_ADDED = {
-    "base_version": ("INTEGER", "version"),
-    "base_size": ("INTEGER", "length(value)"),
-    "log_size": ("INTEGER NOT NULL DEFAULT 0", None),
-}
+_TABLES = {"docs": _DOCS, "heads": _HEADS, "patches": _PATCHES}
 _WHERE = "space=? AND scope=? AND id=?"
 _BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (low byte of the extended code)
 
@@ -210,19 +218,15 @@ class SQLiteStore:
                     pass
 
     def _migrate(self) -> None:
+        """Create the tables a file lacks (a new file: all; one from before the log:
+        ``heads`` and ``patches``). Checked first without the write lock."""
         db = self._open_db("open")
-        if self._schema_is_current(db):
+        if not self._missing_tables(db):
             return
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.execute(_DOCS)
-            db.execute(_PATCHES)
-            have = {r[1] for r in db.execute("PRAGMA table_info(docs)")}
-            for column, (decl, fill) in _ADDED.items():
-                if column not in have:
-                    db.execute(f"ALTER TABLE docs ADD COLUMN {column} {decl}")
-                    if fill is not None:
-                        db.execute(f"UPDATE docs SET {column}={fill}")
+            for name in self._missing_tables(db):
+                db.execute(_TABLES[name])
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -230,11 +234,9 @@ class SQLiteStore:
             raise
 
     @staticmethod
-    def _schema_is_current(db: sqlite3.Connection) -> bool:
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if not {"docs", "patches"} <= tables:
-            return False
-        return set(_ADDED) <= {r[1] for r in db.execute("PRAGMA table_info(docs)")}
+    def _missing_tables(db: sqlite3.Connection) -> list[str]:
+        have = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        return [name for name in _TABLES if name not in have]
 
     # -- reading -----------------------------------------------------------------------
 
@@ -250,22 +252,21 @@ class SQLiteStore:
 
     def _read(self, db: sqlite3.Connection, key: DocKey) -> tuple[Any, int] | None:
         """The current value and version, from the base and the log (in a transaction)."""
-        row = db.execute(
-            f"SELECT value, version, COALESCE(base_version, version) FROM docs WHERE {_WHERE}",
-            key,
-        ).fetchone()
+        row = db.execute(f"SELECT version, value FROM docs WHERE {_WHERE}", key).fetchone()
         if row is None:
             return None
-        text, version, base_version = row
+        base_version, text = row
         value = self._decode(key, text)
-        if version != base_version:
-            for (patch,) in db.execute(
-                f"SELECT patch FROM patches WHERE {_WHERE} AND version>? AND version<=? "
-                f"ORDER BY version",
-                (*key, base_version, version),
-            ):
-                value = apply_patch(key, value, self._decode(key, patch), copy_values=False)
-        return value, version
+        head = db.execute(f"SELECT version FROM heads WHERE {_WHERE}", key).fetchone()
+        if head is None:
+            return value, base_version
+        for (patch,) in db.execute(
+            f"SELECT patch FROM patches WHERE {_WHERE} AND version>? AND version<=? "
+            f"ORDER BY version",
+            (*key, base_version, head[0]),
+        ):
+            value = apply_patch(key, value, self._decode(key, patch), copy_values=False)
+        return value, head[0]
 
     def _decode(self, key: DocKey, text: str) -> Any:
         try:
@@ -286,39 +287,48 @@ class SQLiteStore:
         try:
             for w in writes:
                 key = w.key
-                row = db.execute(
-                    f"SELECT version, COALESCE(base_version, version), "
-                    f"COALESCE(base_size, length(value)), log_size FROM docs WHERE {_WHERE}",
-                    key,
+                # O(1) while the document has a log; else one read of the docs row
+                head = db.execute(
+                    f"SELECT version, log_size, base_size FROM heads WHERE {_WHERE}", key
                 ).fetchone()
-                have, base_version, base_size, log_size = row or (0, 0, 0, 0)
+                if head is not None:
+                    have, log_size, base_size = head
+                else:
+                    row = db.execute(f"SELECT version FROM docs WHERE {_WHERE}", key).fetchone()
+                    have, log_size, base_size = (row[0] if row else 0), 0, None
                 if w.expect is not None and w.expect != have:
                     raise conflict(key, have, w.expect)
                 new = have + 1
-                has_log = have != base_version
                 if w.patch is None:
                     cache.pop(key, None)
-                    self._put_base(db, key, _dumps(key, w.value), new, has_log)
+                    self._put_base(db, key, _dumps(key, w.value), new, head is not None)
+                    out[key] = new
+                    continue
+                touched.append(key)
+                value = apply_patch(key, self._current(db, key, have), w.patch)
+                patch_text = _dumps(key, [[list(p), v] for p, v in w.patch])
+                if base_size is None:  # the first patch since the base was written
+                    row = db.execute(
+                        f"SELECT length(value) FROM docs WHERE {_WHERE}", key
+                    ).fetchone()
+                    base_size = row[0] if row else 0
+                log_size += len(patch_text)
+                if log_size > base_size:  # compact: the log outgrew the base
+                    self._put_base(db, key, _dumps(key, value), new, head is not None)
                 else:
-                    touched.append(key)
-                    value = self._current(db, key, have)
-                    value = apply_patch(key, value, w.patch)
-                    patch_text = _dumps(key, [[list(p), v] for p, v in w.patch])
-                    log_size += len(patch_text)
-                    if log_size > base_size:  # compact: the log outgrew the base
-                        self._put_base(db, key, _dumps(key, value), new, has_log)
-                    else:
-                        db.execute(
-                            "INSERT INTO patches (space, scope, id, version, patch) "
-                            "VALUES (?,?,?,?,?)",
-                            (*key, new, patch_text),
-                        )
-                        db.execute(
-                            f"UPDATE docs SET version=?, log_size=? WHERE {_WHERE}",
-                            (new, log_size, *key),
-                        )
-                    cache[key] = (new, value)
-                    cache.move_to_end(key)
+                    db.execute(
+                        "INSERT INTO patches (space, scope, id, version, patch) "
+                        "VALUES (?,?,?,?,?)",
+                        (*key, new, patch_text),
+                    )
+                    db.execute(
+                        "INSERT INTO heads (space, scope, id, version, log_size, base_size) "
+                        "VALUES (?,?,?,?,?,?) ON CONFLICT (space, scope, id) DO UPDATE SET "
+                        "version=excluded.version, log_size=excluded.log_size",
+                        (*key, new, log_size, base_size),
+                    )
+                cache[key] = (new, value)
+                cache.move_to_end(key)
                 out[key] = new
             db.execute("COMMIT")
         except BaseException:
@@ -333,15 +343,15 @@ class SQLiteStore:
 
     @staticmethod
     def _put_base(db: sqlite3.Connection, key: DocKey, text: str, version: int,
-                  has_log: bool) -> None:
+                  had_log: bool) -> None:
         db.execute(
-            "INSERT INTO docs (space, scope, id, value, version, base_version, base_size, "
-            "log_size) VALUES (?,?,?,?,?,?,?,0) ON CONFLICT (space, scope, id) DO UPDATE SET "
-            "value=excluded.value, version=excluded.version, "
-            "base_version=excluded.base_version, base_size=excluded.base_size, log_size=0",
-            (*key, text, version, version, len(text)),
+            "INSERT INTO docs (space, scope, id, version, value) VALUES (?,?,?,?,?) "
+            "ON CONFLICT (space, scope, id) DO UPDATE SET "
+            "value=excluded.value, version=excluded.version",
+            (*key, version, text),
         )
-        if has_log:
+        if had_log:
+            db.execute(f"DELETE FROM heads WHERE {_WHERE}", key)
             db.execute(f"DELETE FROM patches WHERE {_WHERE}", key)
 
     def _current(self, db: sqlite3.Connection, key: DocKey, version: int) -> Any:
