@@ -89,6 +89,15 @@ def _dumps(key: DocKey, value: Any) -> str:
         raise StorageError(f"cannot store {describe(key)}: the value is not JSON ({e})") from e
 
 
+def _rollback(db: sqlite3.Connection) -> None:
+    """End a failed transaction without hiding why it failed."""
+    if db.in_transaction:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
 def _is_busy(e: sqlite3.Error) -> bool:
     code = getattr(e, "sqlite_errorcode", None)
     if code is not None:
@@ -187,11 +196,7 @@ class SQLiteStore:
                 try:
                     return op()
                 except sqlite3.Error as e:
-                    if db.in_transaction:
-                        try:
-                            db.execute("ROLLBACK")
-                        except sqlite3.Error:
-                            pass
+                    _rollback(db)
                     left = deadline - time.monotonic()
                     if not _is_busy(e):
                         raise StorageError(
@@ -208,8 +213,11 @@ class SQLiteStore:
                     # SQLite refused without waiting (or waited in vain): retry, bounded
                     time.sleep(min(left, random.uniform(0.001, 0.02)))
                     left = max(deadline - time.monotonic(), 0.001)
-                    db.execute(f"PRAGMA busy_timeout={int(left * 1000) or 1}")
-                    shortened = True
+                    try:  # each statement's own wait must end by the deadline too
+                        db.execute(f"PRAGMA busy_timeout={int(left * 1000) or 1}")
+                        shortened = True
+                    except sqlite3.Error:
+                        pass
         finally:
             if shortened and self._db is db:
                 try:
@@ -229,8 +237,7 @@ class SQLiteStore:
                 db.execute(_TABLES[name])
             db.execute("COMMIT")
         except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
+            _rollback(db)
             raise
 
     @staticmethod
@@ -245,9 +252,10 @@ class SQLiteStore:
         db.execute("BEGIN")  # one snapshot for the base and its log
         try:
             found = self._read(db, key)
-        finally:
-            if db.in_transaction:
-                db.execute("COMMIT")
+        except BaseException:
+            _rollback(db)
+            raise
+        db.execute("COMMIT")
         return Stored(*found) if found else None
 
     def _read(self, db: sqlite3.Connection, key: DocKey) -> tuple[Any, int] | None:
@@ -334,8 +342,7 @@ class SQLiteStore:
         except BaseException:
             for key in touched:  # patched in place: no longer what the file holds
                 cache.pop(key, None)
-            if db.in_transaction:
-                db.execute("ROLLBACK")
+            _rollback(db)
             raise
         while len(cache) > CACHED_DOCS:
             cache.popitem(last=False)
