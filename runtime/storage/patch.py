@@ -21,6 +21,8 @@ __all__ = ["MISSING", "apply_patch", "conflict", "copy_value", "describe"]
 MISSING: Any = object()
 """The root of a document that does not exist yet (a patch at ``expect=0``)."""
 
+_NEW = ("the document does not exist yet: a patch to a new document (expect=0) starts by "
+        "assigning the empty path, the whole value,")
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -114,7 +116,7 @@ def _bad(key: DocKey, path: tuple[Any, ...], depth: int, why: str) -> StorageErr
 
 def _step(key: DocKey, node: Any, part: Any, path: tuple[Any, ...], depth: int) -> Any:
     if node is MISSING:
-        raise _bad(key, path, depth, "the document does not exist")
+        raise _bad(key, path, depth, _NEW)
     if type(node) is dict:
         if type(part) is str and part in node:
             return node[part]
@@ -130,7 +132,7 @@ def _assign(key: DocKey, node: Any, part: Any, value: Any, path: tuple[Any, ...]
             undo: list[Callable[[], None]] | None) -> None:
     depth = len(path) - 1
     if node is MISSING:
-        raise _bad(key, path, depth, "the document does not exist")
+        raise _bad(key, path, depth, _NEW)
     if type(node) is dict:
         if type(part) is not str:
             raise _bad(key, path, depth, f"an object's keys are strings, not {part!r}")
