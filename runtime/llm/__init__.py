@@ -56,6 +56,18 @@ from .safety import (
     supported_image_media_type,
 )
 from .scripted import Delayed, Pause, Reply, ScriptedModel, delayed
+from .steps import (
+    DEFAULT_MAX_STEPS,
+    TOOL_CANCELLED,
+    BuildRequest,
+    Execute,
+    StepSink,
+    StepsOutcome,
+    StepsStatus,
+    ToolError,
+    ToolOutput,
+    run_steps,
+)
 from .types import (
     Block,
     CacheHint,
@@ -99,15 +111,19 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DEFAULT_MAX_STEPS",
     "DEFAULT_MODEL_VAR",
     "MAX_MESSAGE_CHARS",
     "NO_RETRY",
+    "TOOL_CANCELLED",
     "AnthropicModel",
     "Assembler",
     "Block",
+    "BuildRequest",
     "CacheHint",
     "ConfigurationError",
     "Delayed",
+    "Execute",
     "Fault",
     "ImageBlock",
     "LLMError",
@@ -128,6 +144,9 @@ __all__ = [
     "Sampling",
     "ScriptedModel",
     "Settings",
+    "StepSink",
+    "StepsOutcome",
+    "StepsStatus",
     "Stop",
     "StopReason",
     "StreamEvent",
@@ -137,6 +156,8 @@ __all__ = [
     "ToolCallDelta",
     "ToolCallEnd",
     "ToolCallStart",
+    "ToolError",
+    "ToolOutput",
     "ToolResult",
     "ToolUse",
     "Usage",
@@ -160,6 +181,7 @@ __all__ = [
     "retry_call",
     "retry_class",
     "retry_stream",
+    "run_steps",
     "safe_base_url",
     "small_model",
     "supported_image_media_type",
