@@ -21,6 +21,7 @@ from runtime.llm import (
     Message,
     Model,
     OpaqueBlock,
+    OpaqueDone,
     Pause,
     Reply,
     Request,
@@ -365,13 +366,11 @@ async def test_max_steps_below_one_is_refused() -> None:
     Reply(text=""),
     Reply(text="  \n"),
     Reply(text="", stop_reason=StopReason.REFUSAL),
-    [OpaqueBlock(provider="anthropic", raw='{"type":"redacted_thinking","data":"x"}')],
+    [OpaqueDone(index=0, block=OpaqueBlock(provider="anthropic",  # reasoning, nothing said
+                                           raw='{"type":"redacted_thinking","data":"x"}')),
+     Stop(stop_reason=StopReason.END_TURN)],
 ])
 async def test_an_empty_reply_is_an_error_and_is_not_appended(empty: Any) -> None:
-    if isinstance(empty, list):  # only a reasoning block, nothing said
-        from runtime.llm import OpaqueDone
-
-        empty = [OpaqueDone(index=0, block=empty[0]), Stop(stop_reason=StopReason.END_TURN)]
     model = ScriptedModel([ScriptedModel.tool_call("get_weather", {"city": "Oslo"}), empty])
     rec = Recorder()
     outcome = await steps(model, recorder=rec)
