@@ -38,7 +38,7 @@ def kernel_state_is_clean_after_each_test() -> Iterator[None]:
     yield
     g = signals._G
     state = (g.active, g.depth, g.batch, g.flushing)
-    queued = [e for e in g.queue if e.flags & 16]
+    queued = [e for e in g.queue if e.flags & signals._QUEUED]
     g.active, g.depth, g.batch, g.flushing = None, 0, 0, False  # don't fail the next test too
     g.queue.clear()
     assert state == (None, 0, 0, False)
@@ -524,6 +524,34 @@ def test_deep_chain_is_not_swallowed_by_except_exception() -> None:
     assert out == [300, 301]
 
 
+@pytest.mark.parametrize("length", range(8))
+def test_a_flush_inside_a_computation_past_max_depth_does_not_hang(length: int) -> None:
+    # Regression: a computation at the depth limit creates an effect that writes; the flush
+    # that write starts runs at that depth, where no computation can start. The flush used
+    # to drive the stale node it found itself, there: every attempt suspended at once and
+    # the driver spun forever. It now suspends up to depth 0 like every other path.
+    with max_depth(4), time_limit(5):
+        t = Signal(0, "t")
+        mid = Computed(lambda: t.get() * 10, "mid")
+        top = Computed(lambda: mid.get() + 1, "top")
+        seen: list[int] = []
+        obs = Effect(lambda: seen.append(top.get()), "obs")
+        writers: list[Effect] = []
+
+        def make_writer() -> int:
+            writers.append(Effect(lambda: t.set(1), "writer"))
+            return 0
+
+        node: Any = Computed(make_writer, "w")
+        for _ in range(length):  # puts w (and its flush) `length` computations deep
+            node = Computed(lambda p=node: p.get() + 1)
+        assert node.get() == length
+        assert seen[-1] == 11 and top.get() == 11
+        obs.dispose()
+        for w in writers:
+            w.dispose()
+
+
 # ------------------------------------------------------------------------------ dependencies
 
 
@@ -878,6 +906,86 @@ def test_effects_may_write() -> None:
     Effect(lambda: b.set(a.get() * 3))
     a.set(2)
     assert b.peek() == 6
+
+
+# ------------------------------------------------------------------------------ in place
+
+
+def test_mutated_reruns_an_effect_that_sees_the_new_length() -> None:
+    items = Signal([1, 2], "items")
+    seen: list[int] = []
+    Effect(lambda: seen.append(len(items.get())))
+    items.peek().append(3)  # an equal-by-identity value: set() would see no change
+    items.set(items.peek())
+    assert seen == [2]
+    items.mutated()
+    assert seen == [2, 3]
+    items.mutated()  # no equality check: it always notifies
+    assert seen == [2, 3, 3]
+
+
+def test_mutated_in_a_batch_notifies_once_after_it() -> None:
+    items = Signal([0], "items")
+    seen: list[list[int]] = []
+    Effect(lambda: seen.append(list(items.get())))
+    with batch():
+        items.peek().append(1)
+        items.mutated()
+        items.peek().append(2)
+        items.mutated()
+        assert seen == [[0]]
+    assert seen == [[0], [0, 1, 2]]
+    # a write and a write back in the same batch cancel out; a mutation in between doesn't
+    lst = items.peek()
+    with batch():
+        items.set([9])
+        lst.append(3)
+        items.mutated()
+        items.set(lst)
+    assert seen == [[0], [0, 1, 2], [0, 1, 2, 3]]
+
+
+def test_mutated_through_a_computed_gated_on_len() -> None:
+    items = Signal([1], "items")
+    runs = [0]
+
+    def length() -> int:
+        runs[0] += 1
+        return len(items.get())
+
+    n = Computed(length, "n")
+    seen: list[int] = []
+    Effect(lambda: seen.append(n.get()))
+    items.peek().append(2)
+    items.mutated()
+    assert seen == [1, 2] and runs[0] == 2
+    items.peek()[0] = 7  # same length: n recomputes, equal, and stops the change there
+    items.mutated()
+    assert seen == [1, 2] and runs[0] == 3
+    lazy = Computed(lambda: sum(items.get()), "lazy")  # not live: read after the mutation
+    assert lazy.get() == 9
+    items.peek().append(1)
+    items.mutated()
+    assert lazy.get() == 10 and seen == [1, 2, 3]
+
+
+def test_mutated_inside_a_computation_raises() -> None:
+    items = Signal([1], "items")
+    bad = Computed(lambda: items.mutated() or 0, "bad")
+    with pytest.raises(WriteInComputationError):
+        bad.get()
+
+    def sneaky() -> int:
+        with untracked():
+            items.mutated()
+        return 0
+
+    with pytest.raises(WriteInComputationError):
+        Computed(sneaky).get()
+    seen: list[int] = []
+    Effect(lambda: seen.append(len(items.get())))
+    Effect(lambda: items.mutated() if len(items.peek()) == 1 else None, "effects may")
+    assert seen == [1, 1]
 
 
 # ------------------------------------------------------------------------------ errors

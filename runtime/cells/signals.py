@@ -52,15 +52,25 @@ __all__ = [
     "untracked",
 ]
 
-# Node flags.
+# Node flags: plain ints (an IntFlag's operators run Python code: too slow for these loops).
+# Every mask is named and built from the bits by name; nowhere is a literal mask written.
 _DIRTY = 1  # a dependency changed: must recompute
 _PENDING = 2  # something upstream may have changed: check before using
 _RUNNING = 4  # computing now (re-entry means a cycle)
 _EFFECT = 8  # a live sink
 _QUEUED = 16  # effect waiting in the flush queue
 _WAITING = 32  # computed suspended by the depth driver until a deeper node is computed
-_CHANGED = 128  # signal written since its subscribers last looked
-_STALE = _DIRTY | _PENDING
+_CHANGED = 64  # signal written since its subscribers last looked
+
+_STALE = _DIRTY | _PENDING  # must be checked (or recomputed) before its value is used
+_BUSY = _RUNNING | _WAITING  # logically computing now: reaching it again is a cycle
+_UNREADY = _STALE | _BUSY  # Computed.get's one test on its fast path: stale or busy
+_NOTIFIED = _PENDING | _QUEUED  # an effect reached by a push: queued, to be checked
+
+# The hot functions (_propagate, _update_signal, _check_dirty, _compute, _flush) bind the
+# flags they test as default arguments, i.e. locals: as cheap as the literals they replace,
+# where a module global is a dict look-up at every test (+4% instructions on chain-100). The
+# complements they clear with are bound there too: ``~NAME`` is not folded at compile time.
 
 MAX_DEPTH = 64  # nested first-time computations before the driver takes over
 EFFECT_RUN_LIMIT = 1000  # runs of one effect within one flush before we call it a cycle
@@ -213,13 +223,13 @@ class Computed(Generic[T]):
 
     def get(self) -> T:
         f = self.flags
-        if f & 39:  # _DIRTY | _PENDING | _RUNNING | _WAITING
-            if f & 36:
+        if f & _UNREADY:
+            if f & _BUSY:
                 raise _cycle(self, _G.active)
-            if f & 1 or _check_dirty(self):
-                _refresh(self, _G.active)
+            if f & _DIRTY or _check_dirty(self):
+                _compute(self, _G.active)
         elif not self.subs and self.epoch != _G.epoch:
-            _refresh(self, _G.active)  # not live: no one told us about writes, so recompute
+            _compute(self, _G.active)  # not live: no one told us about writes, so recompute
         a = _G.active
         if a is not None:
             deps = a.deps
@@ -313,7 +323,14 @@ def untracked() -> Iterator[None]:
 # ---------------------------------------------------------------------------- propagation
 
 
-def _propagate(subs: list[Any]) -> None:
+def _propagate(
+    subs: list[Any],
+    _STALE: int = _STALE,
+    _EFFECT: int = _EFFECT,
+    _NOTIFIED: int = _NOTIFIED,
+    _QUEUED: int = _QUEUED,
+    _PENDING: int = _PENDING,
+) -> None:
     """Mark everything downstream of a change PENDING; queue the effects reached.
 
     A node with a single subscriber (a chain link, a fan-out leaf) is followed in place
@@ -324,14 +341,14 @@ def _propagate(subs: list[Any]) -> None:
         for s in stack.pop():
             while True:
                 f = s.flags
-                if f & 3:  # _STALE: its downstream is already marked
+                if f & _STALE:  # its downstream is already marked
                     break
-                if f & 8:  # _EFFECT
-                    s.flags = f | 18  # _PENDING | _QUEUED
-                    if not f & 16:
+                if f & _EFFECT:
+                    s.flags = f | _NOTIFIED
+                    if not f & _QUEUED:
                         q.append(s)
                     break
-                s.flags = f | 2
+                s.flags = f | _PENDING
                 down = s.subs
                 if len(down) == 1:
                     s = down[0]
@@ -341,7 +358,9 @@ def _propagate(subs: list[Any]) -> None:
                 break
 
 
-def _update_signal(s: Signal[Any]) -> bool:
+def _update_signal(
+    s: Signal[Any], _STALE: int = _STALE, _PENDING: int = _PENDING, _DIRTY: int = _DIRTY
+) -> bool:
     """A CHANGED signal is looked at: if its value really differs from what its subscribers
     last saw, the ones still PENDING become DIRTY. Returns whether it changed."""
     s.flags = 0
@@ -352,12 +371,19 @@ def _update_signal(s: Signal[Any]) -> bool:
         return False  # written and written back within one batch or flush
     for sub in s.subs:
         f = sub.flags
-        if f & 3 == 2:  # PENDING, not yet DIRTY
-            sub.flags = f | 1
+        if f & _STALE == _PENDING:  # not yet DIRTY
+            sub.flags = f | _DIRTY
     return True
 
 
-def _check_dirty(node: Any, G: _State = _G) -> bool:
+def _check_dirty(
+    node: Any,
+    G: _State = _G,
+    _DIRTY: int = _DIRTY,
+    _PENDING: int = _PENDING,
+    _CHANGED: int = _CHANGED,
+    _NOT_PENDING: int = ~_PENDING,
+) -> bool:
     """Whether a PENDING node must recompute; refreshes what it reads, bottom-up.
 
     Iterative depth-first walk over PENDING dependencies. A DIRTY dependency is recomputed on
@@ -373,21 +399,16 @@ def _check_dirty(node: Any, G: _State = _G) -> bool:
     for d in deps:
         i += 1
         f = d.flags
-        if f & 1:  # _DIRTY
-            try:
-                _compute(d, node)
-            except _Suspend as s:
-                if G.depth:
-                    raise
-                _drive(d, s.node)
-            if node.flags & 1:
+        if f & _DIRTY:
+            _compute(d, node)
+            if node.flags & _DIRTY:
                 return True
-        elif f & 2:  # _PENDING: walk down
+        elif f & _PENDING:  # walk down
             break
-        elif f & 128 and _update_signal(d) and node.flags & 1:  # _CHANGED signal
+        elif f & _CHANGED and _update_signal(d) and node.flags & _DIRTY:
             return True
     else:
-        node.flags &= ~2
+        node.flags &= _NOT_PENDING
         return False
     # Slow path: an explicit stack of (node, iterator over its remaining deps). A run of
     # single-dependency nodes (a chain) is walked without pushing frames.
@@ -398,28 +419,23 @@ def _check_dirty(node: Any, G: _State = _G) -> bool:
     while True:
         for d in it:
             f = d.flags
-            if f & 1:
-                try:
-                    _compute(d, n)
-                except _Suspend as s:
-                    if G.depth:
-                        raise
-                    _drive(d, s.node)
-                if n.flags & 1:
+            if f & _DIRTY:
+                _compute(d, n)
+                if n.flags & _DIRTY:
                     break
-            elif f & 2:
+            elif f & _PENDING:
                 stack.append(n)
                 stack.append(it)
                 d.parent = n
                 n = d
                 it = iter(d.deps)
                 break
-            elif f & 128 and _update_signal(d) and n.flags & 1:
+            elif f & _CHANGED and _update_signal(d) and n.flags & _DIRTY:
                 break
         else:
             # every dependency of n checked: n stays clean unless one of them changed
-            if not n.flags & 1:
-                n.flags &= ~2
+            if not n.flags & _DIRTY:
+                n.flags &= _NOT_PENDING
                 if not stack:
                     return False
                 it = stack.pop()
@@ -427,33 +443,19 @@ def _check_dirty(node: Any, G: _State = _G) -> bool:
         # A DIRTY n recomputes (n is clean if we just walked down into it, or popped back to
         # it unchanged); its change may make the node above it DIRTY in turn, which then
         # recomputes without scanning its other deps.
-        while n.flags & 1:
+        while n.flags & _DIRTY:
             if not stack:
                 return True
-            try:
-                _compute(n, n.parent)
-            except _Suspend as s:
-                if G.depth:
-                    raise
-                _drive(n, s.node)
+            _compute(n, n.parent)
             it = stack.pop()
             n = stack.pop()
 
 
-def _refresh(node: Computed[Any], parent: Any, G: _State = _G) -> None:
-    """Recompute ``node`` now. Nested too deep, it is suspended (``_Suspend``) and the
-    outermost refresh, at depth 0, drives: it computes the suspended node, then retries."""
-    try:
-        _compute(node, parent)
-    except _Suspend as s:
-        if G.depth:
-            raise
-        _drive(node, s.node)
-
-
 def _drive(node: Computed[Any], suspended: Computed[Any]) -> None:
-    # Nodes waiting in ``todo`` are logically still computing: one read while a deeper node
-    # computes is a cycle (they are flagged WAITING, as RUNNING ones are).
+    """Compute ``suspended`` (and whatever it suspends on in turn), then retry ``node``.
+
+    Nodes waiting in ``todo`` are logically still computing: one read while a deeper node
+    computes is a cycle (they are flagged WAITING, as RUNNING ones are)."""
     todo = [node, suspended]
     node.flags |= _WAITING
     try:
@@ -461,7 +463,7 @@ def _drive(node: Computed[Any], suspended: Computed[Any]) -> None:
             n = todo[-1]
             n.flags &= ~_WAITING
             try:
-                _compute(n, n.parent)
+                _compute(n, n.parent, False)  # a suspension comes back here, not to a new driver
             except _Suspend as s:
                 n.flags |= _WAITING
                 todo.append(s.node)
@@ -472,46 +474,73 @@ def _drive(node: Computed[Any], suspended: Computed[Any]) -> None:
             n.flags &= ~_WAITING
 
 
-def _compute(node: Computed[Any], parent: Any, G: _State = _G) -> None:
+def _compute(
+    node: Computed[Any],
+    parent: Any,
+    drive: bool = True,
+    G: _State = _G,
+    _BUSY: int = _BUSY,
+    _RUNNING: int = _RUNNING,
+    _NOT_STALE: int = ~_STALE,
+    _STALE: int = _STALE,
+    _PENDING: int = _PENDING,
+    _DIRTY: int = _DIRTY,
+    _EFFECT: int = _EFFECT,
+    _QUEUED: int = _QUEUED,
+) -> None:
+    """Recompute ``node`` now: the one recompute path, whoever asks (a read, a dirty check,
+    the flush, the driver).
+
+    Nested past ``MAX_DEPTH``, the innermost computation is suspended: ``_Suspend`` unwinds
+    every computation above it (each restored as it was) up to the outermost, at depth 0,
+    which drives (``_drive``): it computes the suspended node first, then retries. The driver
+    itself passes ``drive=False``: driving there again would nest drivers, i.e. recurse.
+    Only depth 0 drives, even in a flush that runs inside a computation (an effect created
+    there wrote): there the depth may be past ``MAX_DEPTH``, where no computation can start.
+    """
     f0 = node.flags
-    if f0 & 36:  # _RUNNING | _WAITING: reached again while computing, through a cycle
+    if f0 & _BUSY:  # reached again while computing, through a cycle
         raise _cycle(node, parent)
     node.parent = parent
-    if G.depth >= MAX_DEPTH:
+    depth = G.depth  # restored on the way out: nested computations leave it as they found it
+    if depth >= MAX_DEPTH:
         raise _Suspend(node)
     prev = G.active
     old = node.deps
     node.deps = new = []
-    node.flags = f0 | 4  # _RUNNING (nothing else touches its flags while fn runs)
+    node.flags = f0 | _RUNNING  # (nothing else touches its flags while fn runs)
     G.active = node
-    G.depth += 1
+    G.depth = depth + 1
     try:
         value = node.fn()
-    except _Suspend:
-        G.depth -= 1
+    except _Suspend as s:
+        G.depth = depth
         G.active = prev
         node.flags = f0
         node.deps = old
-        raise
+        if depth or not drive:
+            raise
+        _drive(node, s.node)
+        return
     except Exception as e:
-        G.depth -= 1
+        G.depth = depth
         G.active = prev
-        node.flags &= ~7
+        node.flags &= ~(_STALE | _RUNNING)
         node.epoch = G.epoch
         if new != old and node.subs:
             _relink(node, old, new)
         node.error = e
         node.value = _UNSET
     except BaseException:
-        G.depth -= 1
+        G.depth = depth
         G.active = prev
         node.flags = f0
         node.deps = old
         raise
     else:
-        G.depth -= 1
+        G.depth = depth
         G.active = prev
-        node.flags = f0 & ~3
+        node.flags = f0 & _NOT_STALE
         node.epoch = G.epoch
         if new != old and node.subs:
             _relink(node, old, new)
@@ -527,10 +556,10 @@ def _compute(node: Computed[Any], parent: Any, G: _State = _G) -> None:
     # value, so it must not be scheduled to run again for it.
     for s in node.subs:
         f = s.flags
-        if f & 3 == 2:
-            s.flags = f | 1
-            if f & 8 and not f & 16:  # an effect not yet queued
-                s.flags |= 16
+        if f & _STALE == _PENDING:
+            s.flags = f | _DIRTY
+            if f & _EFFECT and not f & _QUEUED:
+                s.flags |= _QUEUED
                 G.queue.append(s)
 
 
@@ -631,7 +660,16 @@ def _unlink(dep: Any, sub: Any) -> None:
                 stack.append((dd, d))
 
 
-def _flush(G: _State = _G) -> None:
+def _flush(
+    G: _State = _G,
+    _QUEUED: int = _QUEUED,
+    _STALE: int = _STALE,
+    _PENDING: int = _PENDING,
+    _DIRTY: int = _DIRTY,
+    _CHANGED: int = _CHANGED,
+    _EFFECT: int = _EFFECT,
+    _NOT_NOTIFIED: int = ~_NOTIFIED,
+) -> None:
     if G.flushing:
         return
     G.flushing = True
@@ -645,27 +683,24 @@ def _flush(G: _State = _G) -> None:
             e = q[i]
             i += 1
             f = e.flags
-            if not f & 16:
+            if not f & _QUEUED:
                 continue  # disposed while queued, or already run
             # QUEUED stays set while we check: a dependency that changes must not queue it
             # a second time; running it (or finding it clean) clears the flag.
-            if f & 2 and not f & 1:  # PENDING only: did anything it read really change?
+            if f & _STALE == _PENDING:  # did anything it read really change?
                 for d in e.deps:
                     fd = d.flags
-                    if fd & 1:
-                        try:
-                            _compute(d, e)
-                        except _Suspend as s:
-                            _drive(d, s.node)
-                        if e.flags & 1:
+                    if fd & _DIRTY:
+                        _compute(d, e)
+                        if e.flags & _DIRTY:
                             break
-                    elif fd & 2:
+                    elif fd & _PENDING:
                         _check_dirty(e)
                         break
-                    elif fd & 128 and _update_signal(d) and e.flags & 1:
+                    elif fd & _CHANGED and _update_signal(d) and e.flags & _DIRTY:
                         break
-                if not e.flags & 1:
-                    e.flags &= ~18
+                if not e.flags & _DIRTY:
+                    e.flags &= _NOT_NOTIFIED
                     continue
             if i > CYCLE_CHECK_AFTER:  # a long flush: start counting runs per effect
                 runs = runs if runs is not None else {}
@@ -675,7 +710,7 @@ def _flush(G: _State = _G) -> None:
             # _run_effect, inlined: this is the hot loop of every propagation
             old = e.deps
             e.deps = new = []
-            e.flags = 8  # _EFFECT
+            e.flags = _EFFECT
             start = G.epoch
             G.active = e
             try:
@@ -691,7 +726,7 @@ def _flush(G: _State = _G) -> None:
         # Interrupted (a cycle, KeyboardInterrupt): the effects not run yet stay queued for
         # the next flush. Dropping them would leave them (and the PENDING nodes above them)
         # marked stale, and stale nodes are never marked again: they would go deaf.
-        if i and q[i - 1].flags & 16:  # interrupted before it ran: still queued
+        if i and q[i - 1].flags & _QUEUED:  # interrupted before it ran: still queued
             i -= 1
         raise
     finally:
