@@ -23,10 +23,13 @@ Cases:
   value; the pushed item as a row of its own), with the store's pragmas (WAL,
   synchronous=NORMAL) and table: what any durable commit of that change costs.
 
-Timing: a warm-up (also sizing the rounds), then ``--blocks`` (7) timed blocks of at least
-``--block-seconds`` (0.25) each; figures are the median and minimum over blocks of the
-time per event. Memory: tracemalloc over a few extra events, after the timed blocks: the
-peak above the starting point during one event, and what stays allocated per event.
+Timing: every case is opened and warmed up (the warm-up also sizes its rounds), then
+``--blocks`` (7) rounds follow; in each, every case runs one timed block of at least
+``--block-seconds`` (0.25), in a shuffled order, so other work on the machine falls on all
+cases alike. Figures are the median and minimum over blocks of the time per event (wall
+clock), with the process's CPU time per event beside them. Memory: tracemalloc over a few
+extra events, after the timed blocks: the peak above the starting point during one event,
+and what stays allocated per event.
 Correctness: the final state is compared with what the events must have produced; for
 SQLite after reopening the file in a new runtime.
 
@@ -42,6 +45,7 @@ import json
 import math
 import os
 import platform
+import random
 import sqlite3
 import statistics
 import subprocess
@@ -50,6 +54,7 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,7 +146,6 @@ class Result:
 
 
 Span = tuple[float, float]  # (wall seconds, CPU seconds of this process)
-Round = Callable[[int], Awaitable[Span]]  # run m events, return how long they took
 
 
 def clock() -> Span:
@@ -153,46 +157,74 @@ def since(start: Span) -> Span:
     return wall - start[0], cpu - start[1]
 
 
-async def measure(run_round: Round, cap: int, cfg: Config, res: Result) -> float:
-    """Warm up, size the rounds, then time ``cfg.blocks`` blocks into ``res``; returns the
-    warm-up's estimate of one event's cost (seconds)."""
+class Case:
+    """One row of the table. ``open`` builds it, ``run_round(m)`` times m events (anything
+    untimed it needs first, it does before starting the clock), ``close`` ends it and
+    checks the final state."""
+
+    cap = sys.maxsize  # most events one round may run
+    blocks = 0  # timed blocks this case gets (set after its warm-up)
+    per_round = 1
+    estimate = 0.0  # seconds per event, from the warm-up
+
+    def __init__(self, result: Result) -> None:
+        self.result = result
+
+    async def open(self, stack: AsyncExitStack, tmp: Path, cfg: Config) -> None: ...
+
+    async def run_round(self, m: int) -> Span:
+        raise NotImplementedError
+
+    async def before_tracing(self) -> None:
+        """Untimed preparation so the traced events are plain ones."""
+
+    async def close(self) -> None:
+        """After every runtime has closed: check the final state."""
+
+
+async def warm_up(case: Case, cfg: Config) -> None:
+    """Run rounds of doubling size until ``cfg.warmup_s`` passed, then size the rounds."""
     m, spent, n = 1, 0.0, 0
     while spent < cfg.warmup_s:
-        m = min(m, cap)
-        spent += (await run_round(m))[0]
+        m = min(m, case.cap)
+        spent += (await case.run_round(m))[0]
         n += m
         m *= 2
-    estimate = spent / n
-    per_round = max(1, min(cap, math.ceil(cfg.block_s / max(estimate, 1e-9))))
+    case.estimate = spent / n
+    case.per_round = max(1, min(case.cap, math.ceil(cfg.block_s / max(case.estimate, 1e-9))))
     # an event so slow that the blocks alone would pass SLOW_CASE_S gets the minimum of 5
-    blocks = cfg.blocks if estimate * cfg.blocks <= SLOW_CASE_S else min(cfg.blocks, 5)
-    for _ in range(blocks):
-        gc.collect()
-        spent, cpu, n = 0.0, 0.0, 0
-        while spent < cfg.block_s or n == 0:
-            wall, used = await run_round(per_round)
-            spent, cpu, n = spent + wall, cpu + used, n + per_round
-        res.per_event.append(spent / n)
-        res.cpu_per_event.append(cpu / n)
-        res.events += n
-    return estimate
+    slow = case.estimate * cfg.blocks > SLOW_CASE_S
+    case.blocks = min(cfg.blocks, 5) if slow else cfg.blocks
 
 
-async def traced(one_event: Callable[[], Awaitable[Any]], estimate: float,
-                 res: Result) -> None:
+async def timed_block(case: Case, cfg: Config) -> None:
+    gc.collect()
+    spent, cpu, n = 0.0, 0.0, 0
+    while spent < cfg.block_s or n == 0:
+        wall, used = await case.run_round(case.per_round)
+        spent, cpu, n = spent + wall, cpu + used, n + case.per_round
+    res = case.result
+    res.per_event.append(spent / n)
+    res.cpu_per_event.append(cpu / n)
+    res.events += n
+
+
+async def traced(case: Case) -> None:
     """Allocation figures over a few events (tracemalloc slows them down; never timed)."""
-    slow = estimate > 0.2
-    count = 1 if slow else max(2, min(30, int(0.3 / max(estimate, 1e-9))))
+    res = case.result
+    slow = case.estimate > 0.2
+    count = 1 if slow else max(2, min(30, int(0.3 / max(case.estimate, 1e-9))))
+    await case.before_tracing()
     gc.collect()
     tracemalloc.start()
     try:
         for _ in range(1 if slow else 2):  # what these replace was allocated untraced
-            await one_event()
+            await case.run_round(1)
         peaks, start = [], tracemalloc.get_traced_memory()[0]
         for _ in range(count):
             tracemalloc.reset_peak()
             base = tracemalloc.get_traced_memory()[0]
-            await one_event()
+            await case.run_round(1)
             peaks.append(tracemalloc.get_traced_memory()[1] - base)
         kept = tracemalloc.get_traced_memory()[0] - start
     finally:
@@ -207,7 +239,7 @@ def store_spec(store: str, tmp: Path, name: str) -> str:
 
 def sender(rt: Runtime, inst: Any, name: str, queued: bool
            ) -> Callable[[list[Any]], Awaitable[Span]]:
-    """Send ``payloads`` as events the configured way; returns the seconds taken."""
+    """Send ``payloads`` as events the configured way; returns the time taken."""
     if queued:
         stream = inst.stream(name)
 
@@ -232,39 +264,37 @@ def sender(rt: Runtime, inst: Any, name: str, queued: bool
     return run
 
 
-async def bench_counter(store: str, tmp: Path, cfg: Config) -> Result:
-    res = Result("counter", store, None)
-    spec = store_spec(store, tmp, "counter")
-    sent = 0
-    t = time.perf_counter()
-    async with Runtime(store=spec) as rt:
-        inst = rt.run(counter)
-        res.setup_s = time.perf_counter() - t
-        run = sender(rt, inst, "increment", cfg.queued)
+class CounterCase(Case):
+    def __init__(self, store: str) -> None:
+        super().__init__(Result("counter", store, None))
+        self.sent = 0
 
-        async def run_round(m: int) -> Span:
-            nonlocal sent
-            sent += m
-            return await run([{}] * m)
+    async def open(self, stack: AsyncExitStack, tmp: Path, cfg: Config) -> None:
+        self.spec = store_spec(self.result.store, tmp, "counter")
+        t = time.perf_counter()
+        self.rt = await stack.enter_async_context(Runtime(store=self.spec))
+        self.inst = self.rt.run(counter)
+        self.result.setup_s = time.perf_counter() - t
+        self.run = sender(self.rt, self.inst, "increment", cfg.queued)
+        stack.push_async_callback(self.check_open)
 
-        estimate = await measure(run_round, sys.maxsize, cfg, res)
+    async def run_round(self, m: int) -> Span:
+        self.sent += m
+        return await self.run([{}] * m)
 
-        async def one() -> None:
-            nonlocal sent
-            sent += 1
-            await inst.send("increment", {})
+    async def check_open(self) -> None:  # runs just before its runtime closes
+        got = self.inst.result.key("count").get()
+        if got != self.sent:
+            self.result.problems.append(f"counter reads {got!r} after {self.sent:,} events")
 
-        await traced(one, estimate, res)
-        got = inst.result.key("count").get()
-        if got != sent:
-            res.problems.append(f"counter reads {got!r} after {sent:,} events")
-    if store == "sqlite":
-        async with Runtime(store=spec) as rt:
-            got = rt.run(counter).result.key("count").get()
-            if got != sent:
-                res.problems.append(f"reopened, the counter reads {got!r} after {sent:,} events")
-    res.checked = True
-    return res
+    async def close(self) -> None:
+        if self.result.store == "sqlite":
+            async with Runtime(store=self.spec) as rt:
+                got = rt.run(counter).result.key("count").get()
+            if got != self.sent:
+                self.result.problems.append(
+                    f"reopened, the counter reads {got!r} after {self.sent:,} events")
+        self.result.checked = True
 
 
 def differ(got: Any, want: list[Any]) -> str:
@@ -275,54 +305,60 @@ def differ(got: Any, want: list[Any]) -> str:
     return f"{len(got):,} items, {len(want):,} expected, first difference at index {i:,}"
 
 
-async def bench_push(store: str, size: int, tmp: Path, cfg: Config) -> Result:
-    res = Result("push", store, size)
-    spec = store_spec(store, tmp, f"push-{size}")
-    cap = max(1, int(size * GROWTH))
-    base = prefill(size)
-    k = 0  # titles pushed so far are "new 0" .. "new {k-1}"
-    since_reset = 0  # the list holds base + the last since_reset of them
-    resets = 0
-    t = time.perf_counter()
-    async with Runtime(store=spec) as rt:
-        inst = rt.run(todo, {"size": size})
-        res.setup_s = time.perf_counter() - t
-        items = inst.result.key("items")
-        run = sender(rt, inst, "push", cfg.queued)
+class PushCase(Case):
+    """A round pushes at most ``GROWTH`` x size items; before a round that would pass that,
+    the list is set back to its prefill (untimed)."""
 
-        async def run_round(m: int) -> Span:
-            nonlocal k, since_reset, resets
-            if since_reset + m > cap:
-                items.set(base)  # untimed: back to the prefilled list
-                since_reset = 0
-                resets += 1
-            payloads = [{"title": f"new {i}"} for i in range(k, k + m)]
-            k += m
-            since_reset += m
-            return await run(payloads)
+    def __init__(self, store: str, size: int) -> None:
+        super().__init__(Result("push", store, size))
+        self.size = size
+        self.cap = max(1, int(size * GROWTH))
+        self.base = prefill(size)
+        self.k = 0  # titles pushed so far are "new 0" .. "new {k-1}"
+        self.since_reset = 0  # the list holds base + the last since_reset of them
 
-        estimate = await measure(run_round, cap, cfg, res)
+    async def open(self, stack: AsyncExitStack, tmp: Path, cfg: Config) -> None:
+        self.spec = store_spec(self.result.store, tmp, f"push-{self.size}")
+        t = time.perf_counter()
+        self.rt = await stack.enter_async_context(Runtime(store=self.spec))
+        self.inst = self.rt.run(todo, {"size": self.size})
+        self.result.setup_s = time.perf_counter() - t
+        self.items = self.inst.result.key("items")
+        self.run = sender(self.rt, self.inst, "push", cfg.queued)
+        stack.push_async_callback(self.check_open)
 
-        async def one() -> None:
-            await run_round(1)
+    def reset(self) -> None:
+        self.items.set(self.base)
+        self.since_reset = 0
 
-        if since_reset + 32 > cap:  # no reset in the middle of the traced events
-            items.set(base)
-            since_reset = 0
-            resets += 1
+    async def run_round(self, m: int) -> Span:
+        if self.since_reset + m > self.cap:
+            self.reset()  # untimed: back to the prefilled list
+        payloads = [{"title": f"new {i}"} for i in range(self.k, self.k + m)]
+        self.k += m
+        self.since_reset += m
+        return await self.run(payloads)
 
-        await traced(one, estimate, res)
-        want = base + [{"title": f"new {i}"} for i in range(k - since_reset, k)]
-        got = items.get()
-        if got != want:
-            res.problems.append(f"the list holds {differ(got, want)}")
-    if store == "sqlite":
-        async with Runtime(store=spec) as rt:
-            got = rt.run(todo, {"size": size}).result.key("items").get()
-            if got != want:
-                res.problems.append(f"reopened, the list holds {differ(got, want)}")
-    res.checked = True
-    return res
+    async def before_tracing(self) -> None:
+        if self.since_reset + 32 > self.cap:  # no reset among the traced events
+            self.reset()
+
+    def want(self) -> list[Any]:
+        return self.base + [{"title": f"new {i}"}
+                            for i in range(self.k - self.since_reset, self.k)]
+
+    async def check_open(self) -> None:
+        got = self.items.get()
+        if got != self.want():
+            self.result.problems.append(f"the list holds {differ(got, self.want())}")
+
+    async def close(self) -> None:
+        if self.result.store == "sqlite":
+            async with Runtime(store=self.spec) as rt:
+                got = rt.run(todo, {"size": self.size}).result.key("items").get()
+            if got != self.want():
+                self.result.problems.append(f"reopened, the list holds {differ(got, self.want())}")
+        self.result.checked = True
 
 
 _TABLE = """
@@ -340,22 +376,28 @@ _UPSERT = ("INSERT INTO docs (space, scope, id, value, version) VALUES (?,?,?,?,
            "version=excluded.version")
 
 
-async def bench_floor(kind: str, tmp: Path, cfg: Config) -> Result:
+class FloorCase(Case):
     """The bare SQLite cost of committing what one event changes: the counter's value
     (one row updated in place) or the pushed item (a new row per push)."""
-    res = Result(f"floor {kind}", "sqlite", None)
-    db = sqlite3.connect(str(tmp / f"floor-{kind}.db"), isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute(_TABLE)
-    k = 0
 
-    async def run_round(m: int) -> Span:
-        nonlocal k
-        execute, dumps = db.execute, json.dumps
+    def __init__(self, kind: str) -> None:
+        super().__init__(Result(f"floor {kind}", "sqlite", None))
+        self.kind = kind
+        self.k = 0
+
+    async def open(self, stack: AsyncExitStack, tmp: Path, cfg: Config) -> None:
+        db = sqlite3.connect(str(tmp / f"floor-{self.kind}.db"), isolation_level=None)
+        stack.callback(db.close)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(_TABLE)
+        self.db = db
+
+    async def run_round(self, m: int) -> Span:
+        execute, dumps, counter_ = self.db.execute, json.dumps, self.kind == "counter"
         t = clock()
-        for i in range(k, k + m):
-            if kind == "counter":
+        for i in range(self.k, self.k + m):
+            if counter_:
                 key, value = "count", dumps(i + 1, separators=(",", ":"))
             else:
                 key, value = f"items/{i}", dumps({"title": f"new {i}"}, separators=(",", ":"))
@@ -363,14 +405,8 @@ async def bench_floor(kind: str, tmp: Path, cfg: Config) -> Result:
             execute(_UPSERT, ("bench", "", key, value, i + 1))
             execute("COMMIT")
         dt = since(t)
-        k += m
+        self.k += m
         return dt
-
-    try:
-        await measure(run_round, sys.maxsize, cfg, res)
-    finally:
-        db.close()
-    return res
 
 
 # ---------------------------------------------------------------------------- reporting
@@ -461,9 +497,9 @@ def report(results: list[Result], cfg: Config, elapsed: float) -> None:
     how = ("stream.send(event) x N, then one await rt.idle()" if cfg.queued
            else "await inst.send(name, event), one awaited event at a time")
     print(f"events driven with: {how} (one handler run and one committed transaction each).")
-    print(f"timing: warm-up, then {cfg.blocks} blocks of >= {cfg.block_s} s; med/min over "
-          "blocks of the time per event. push rounds grow the list by <= 10% of its "
-          "prefill, then it is reset untimed.")
+    print(f"timing: warm-up, then {cfg.blocks} blocks of >= {cfg.block_s} s per case, the "
+          "cases interleaved in a shuffled order; med/min over blocks of the time per event. "
+          "push rounds grow the list by <= 10% of its prefill, then it is reset untimed.")
     print("CPU µs/event: this process's CPU time per event (median over blocks): less "
           "disturbed than wall time when other work shares the machine.")
     print("setup s: runtime start and pattern run (the list prefilled as the cell's initial "
@@ -477,16 +513,30 @@ def report(results: list[Result], cfg: Config, elapsed: float) -> None:
 
 
 async def main_async(cfg: Config, sizes: tuple[int, ...]) -> list[Result]:
-    results: list[Result] = []
+    """Every case open at once, warmed up, then timed block by block in a shuffled order per
+    round, so a burst of other work on the machine falls on all of them alike."""
+    cases: list[Case] = []
+    for store in ("memory", "sqlite"):
+        cases.append(CounterCase(store))
+        cases += [PushCase(store, size) for size in sizes]
+    cases += [FloorCase("counter"), FloorCase("push")]
+    rng = random.Random(11)
     with tempfile.TemporaryDirectory(prefix="celldialog-events-") as d:
-        tmp = Path(d)
-        for store in ("memory", "sqlite"):
-            results.append(await bench_counter(store, tmp, cfg))
-            for size in sizes:
-                results.append(await bench_push(store, size, tmp, cfg))
-        results.append(await bench_floor("counter", tmp, cfg))
-        results.append(await bench_floor("push", tmp, cfg))
-    return results
+        async with AsyncExitStack() as stack:
+            for case in cases:
+                await case.open(stack, Path(d), cfg)
+            for case in cases:
+                await warm_up(case, cfg)
+            for block in range(cfg.blocks):
+                order = [c for c in cases if block < c.blocks]
+                rng.shuffle(order)
+                for case in order:
+                    await timed_block(case, cfg)
+            for case in cases:
+                await traced(case)
+        for case in cases:
+            await case.close()
+    return [case.result for case in cases]
 
 
 def main() -> None:
