@@ -29,6 +29,7 @@ from runtime import (
     Runtime,
     SchemaError,
     ScopeError,
+    UsageError,
     cell,
     handler,
     lift,
@@ -676,3 +677,291 @@ async def test_events_queued_from_outside_a_handler_run_without_anyone_draining(
         with anyio.fail_after(5):
             await arrived.wait()
         assert inst.result.key("items").get() == ["from a timer"]
+
+
+# ------------------------------------------------- found by a hostile probe, then fixed
+
+
+@handler
+def set_field(event, form):
+    form.key(event["field"]).set(event["value"])
+
+
+@handler
+def rename(event, title):
+    title.key("name").set(event["name"])
+
+
+@pattern(name="titled")
+def titled(title):
+    return {"title": title, "rename": rename(title=title)}
+
+
+async def test_a_link_in_pattern_arguments_is_refused():
+    async with Runtime() as rt:
+        secret = rt.run(victim).result.key("secret")
+        target = secret.resolve()
+        for evil in ({"@link": f"/{target.id}"}, {"@link": "/nope"}):
+            with pytest.raises(LinkError):
+                rt.run(titled, {"title": evil})
+        # a Cell passed by code is a link the runtime made: allowed, and reads through
+        inst = rt.run(titled, {"title": secret})
+        assert inst.result.key("title").get() == {"pin": "1234"}
+
+
+async def test_a_link_cannot_be_assembled_one_key_at_a_time():
+    @pattern
+    def form():
+        f = cell({}, name="form")
+        return {"form": f, "set_field": set_field(form=f)}
+
+    async with Runtime() as rt:
+        target = rt.run(victim).result.key("secret").resolve()
+        inst = rt.run(form)
+        own = inst.result.raw()["form"]["@link"]
+        for value in (f"/{target.id}", own):
+            with pytest.raises(LinkError, match="turn the object there into a link"):
+                await inst.send("set_field", {"field": "@link", "value": value})
+        await inst.send("set_field", {"field": "scope", "value": ""})  # plain data so far
+        with pytest.raises(LinkError, match="turn the object there into a link"):
+            await inst.send("set_field", {"field": "@link", "value": f"/{target.id}"})
+        assert inst.result.key("form").get() == {"scope": ""}
+
+
+async def test_read_then_write_transactions_in_several_tasks_lose_no_update():
+    async with Runtime() as rt:
+        n = rt.run(two).result.key("a")
+        outcomes: list[str] = []
+
+        async def inc() -> None:
+            try:
+                with rt.transaction():
+                    v = n.get()
+                    await anyio.lowlevel.checkpoint()
+                    await anyio.lowlevel.checkpoint()
+                    n.set(v + 1)
+                outcomes.append("ok")
+            except ConflictError:
+                outcomes.append("conflict")
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(inc)
+        assert n.get() == outcomes.count("ok") >= 1
+        assert outcomes.count("conflict") >= 1
+
+
+async def test_writes_through_links_into_list_elements():
+    @pattern
+    def listy():
+        items = cell([{"t": "a"}, {"t": "b"}], name="items")
+        return {"items": items, "first": items.key(0),
+                "ref": cell(None, schema={"asCell": True}, name="ref")}
+
+    async with Runtime() as rt:
+        inst = rt.run(listy)
+        inst.result.key("first").key("t").set("X")
+        inst.result.key("items").key("1").set({"t": "Y"})
+        assert inst.result.key("items").get() == [{"t": "X"}, {"t": "Y"}]
+        inst.result.key("ref").set(inst.result.key("items", 1))
+        inst.result.key("ref").key("t").set("W")
+        assert inst.result.key("items").get() == [{"t": "X"}, {"t": "W"}]
+        with pytest.raises(PathError):
+            inst.result.key("items").key("³").set(1)
+
+
+async def test_effects_that_loop_after_a_commit_do_not_make_it_look_failed():
+    @pattern
+    def looping():
+        return {"a": cell(0, name="a"), "b": cell(0, name="b"), "other": cell(0, name="o")}
+
+    async with Runtime() as rt:
+        inst = rt.run(looping)
+        a, b, other = (inst.result.key(k) for k in ("a", "b", "other"))
+        a.sink(lambda v: b.set(v + 1) if v else None)
+        b.sink(lambda v: a.set(v + 1) if v else None)
+        with rt.transaction():  # stored, so it must not raise
+            other.set(42)
+            a.set(1)
+        assert other.get() == 42 and rt.store.load(other.resolve()._key).value == 42
+        assert any(isinstance(e, CelldialogError) for _, e in rt.errors)
+
+
+@pattern(name="owner-b")
+def owner_b():
+    return {"n": cell(0, schema=int, name="n")}
+
+
+@pattern(name="owner-a")
+def owner_a():
+    return {"ref": cell(None, schema={"asCell": True}, name="ref")}
+
+
+async def test_a_document_no_running_instance_declares_is_not_writable(tmp_path):
+    store = f"sqlite:///{tmp_path / 'u.db'}"
+    async with Runtime(store=store) as rt:
+        b = rt.run(owner_b)
+        rt.run(owner_a).result.key("ref").set(b.result.key("n"))
+    async with Runtime(store=store) as rt:
+        ref = rt.run(owner_a).result.key("ref")
+        assert ref.get() == 0  # readable
+        with pytest.raises(ReadOnlyError, match="no running instance declares it"):
+            ref.resolve().set("not an int")
+        rt.run(owner_b)  # once its owner runs, its schema applies
+        with pytest.raises(SchemaError):
+            ref.resolve().set("not an int")
+        ref.resolve().set(7)
+        assert ref.get() == 7
+
+
+async def test_a_task_started_inside_a_transaction_writes_on_its_own():
+    async with Runtime() as rt:
+        inst = rt.run(two)
+        a, b = inst.result.key("a"), inst.result.key("b")
+        wrote = anyio.Event()
+
+        async def worker() -> None:
+            await anyio.lowlevel.checkpoint()
+            b.set(7)
+            wrote.set()
+
+        async with anyio.create_task_group() as tg:
+            with pytest.raises(RuntimeError):
+                with rt.transaction():
+                    a.set(1)
+                    tg.start_soon(worker)
+                    await wrote.wait()
+                    raise RuntimeError("the parent's block fails")
+        assert (a.get(), b.get()) == (0, 7)
+
+
+async def test_events_sent_inside_a_transaction_leave_only_if_it_commits():
+    async with Runtime() as rt:
+        inst = rt.run(todo)
+        with pytest.raises(RuntimeError):
+            with rt.transaction():
+                inst.stream("add").send({"title": "never"})
+                raise RuntimeError("abandon")
+        with rt.transaction():
+            inst.stream("add").send({"title": "kept"})
+            await rt.idle()  # not released before the commit
+            assert inst.result.key("items").get() == []
+        await rt.idle()
+        assert inst.result.key("items").get() == ["kept"]
+
+
+async def test_a_nested_block_that_raises_takes_back_only_its_own_writes():
+    async with Runtime() as rt:
+        inst = rt.run(two)
+        a, b = inst.result.key("a"), inst.result.key("b")
+        with rt.transaction():
+            a.set(5)
+            with pytest.raises(ValueError):
+                with rt.transaction():
+                    b.set(6)
+                    a.set(9)
+                    raise ValueError
+            assert (a.get(), b.get()) == (5, 0)
+        assert (a.get(), b.get()) == (5, 0)
+
+
+async def test_listeners_hear_of_commits_in_the_order_they_were_stored():
+    async with Runtime() as rt:
+        a = rt.run(two).result.key("a")
+        heard: list[Any] = []
+        rt.on_commit(lambda changes: heard.extend((c.before, c.after) for c in changes))
+        a.sink(lambda v: a.set(2) if v == 1 else None)
+        a.set(1)
+        assert heard == [(0, 1), (1, 2)] and a.get() == 2
+
+
+def test_equality_of_values_that_share_parts_costs_their_distinct_parts():
+    from runtime.cells.equality import same
+
+    def dag(levels: int) -> Any:
+        node: Any = {"leaf": 1}
+        for _ in range(levels):
+            node = {"l": node, "r": node}
+        return node
+
+    assert same(dag(80), dag(80))  # a tree walk would visit 2**80 nodes
+    other = dag(80)
+    node = other
+    for _ in range(79):
+        node = node["l"]
+    node["l"] = {"leaf": 2}
+    assert not same(dag(80), other)
+
+
+@pytest.mark.parametrize(("schema", "path", "value"), [
+    ({"properties": {"x": {"type": "string"},
+                     "a": {"maxProperties": 5, "properties": {"b": {"$ref": "#/properties/x"}}}}},
+     ("a", "b"), 5),
+    ({"$defs": {"a b": {"type": "string"}, "a%20b": {}},
+      "properties": {"v": {"$ref": "#/$defs/a%20b"}}}, ("v",), 5),
+    ({"type": "object", "additionalProperties": False, "items": {}}, ("5",), 1),
+    ({"type": "array", "items": {"type": "string"}, "properties": {"0": {}}}, (0,), 5),
+])
+async def test_a_write_never_commits_what_the_whole_schema_rejects(schema, path, value):
+    initial: Any = [] if schema.get("type") == "array" else {"a": {}} if "a" in str(path) else {}
+
+    @pattern
+    def p():
+        return {"c": cell(initial, schema=schema, name="c")}
+
+    async with Runtime() as rt:
+        c = rt.run(p).result.key("c")
+        with pytest.raises(SchemaError):
+            c.key(*path).set(value)
+        assert c.get() == initial
+
+
+async def test_a_handler_that_returns_an_awaitable_fails_loudly():
+    async def later(items):  # pragma: no cover - never awaited
+        items.push(1)
+
+    @handler
+    def sneaky(event, items):
+        return later(items)
+
+    @pattern
+    def p():
+        items = cell([], name="items")
+        return {"go": sneaky(items=items)}
+
+    async with Runtime() as rt:
+        with pytest.raises(PatternError, match="returned an awaitable"):
+            await rt.run(p).send("go", {})
+
+
+async def test_a_sink_that_mutates_its_argument_misses_no_change():
+    async with Runtime() as rt:
+        v = rt.run(one).result.key("v")
+        seen: list[Any] = []
+
+        def mutate(x: Any) -> None:
+            seen.append(list(x))
+            x.append("mutated")
+
+        v.sink(mutate)
+        v.set([1, "mutated"])
+        assert seen == [[1], [1, "mutated"]]
+
+
+async def test_ids_and_causes_that_cannot_be_text_are_our_errors():
+    async with Runtime() as rt:
+        with pytest.raises(ScopeError, match="surrogate"):
+            rt.run(notes, user="\ud800", session="s")
+        with pytest.raises(NotJSONError, match="digits"):
+            rt.run(notes, session="s", cause={"n": 10**5000})
+
+
+async def test_update_and_push_at_a_data_link_do_not_pass_through_it():
+    async with Runtime() as rt:
+        inst = rt.run(pointers)
+        ref, target = inst.result.key("ref"), inst.result.key("target")
+        ref.set(target)
+        with pytest.raises(UsageError, match="resolve"):
+            ref.update({"y": 2})
+        ref.resolve().update({"y": 2})
+        assert target.get() == {"name": "Ada", "y": 2}

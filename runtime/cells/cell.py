@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import LinkError, PathError, UsageError, WriteInComputationError
 from ..storage import DocKey
 from . import signals
-from .documents import Documents, Transaction, _missing, make_link, parse_link
+from .documents import Documents, Transaction, TxState, _missing, make_link, parse_link
 from .equality import same
 from .jsonpath import MISSING, Path, check_json, copy_json, is_link, pointer
 from .schema import asks_for_link, subschema
@@ -36,8 +36,14 @@ def writing(docs: Documents) -> Iterator[Transaction]:
             "instead"
         )
     tx = docs.tx
-    if tx is not None:
-        yield tx
+    if tx is not None:  # nested: join it, but a block that raises takes back what it did
+        point = tx.savepoint()
+        try:
+            yield tx
+        except BaseException:
+            if tx.state is TxState.OPEN:
+                tx.rollback_to(point)
+            raise
         return
     docs.check_open("writing a cell")
     tx = Transaction(docs)
@@ -153,7 +159,7 @@ class Cell:
             raise UsageError(
                 f"update() takes a dict of keys to set, got {type(values).__name__}")
         with writing(self._docs) as tx:
-            key, path, current = self._docs.resolve(self._key, self.path)
+            key, path, current = self._container_target("update")
             values = self._accept(values, lambda: f"update for {self!r}", key, path)
             if current is MISSING or current is None:
                 tx.write(key, path, values)
@@ -169,7 +175,7 @@ class Cell:
     def push(self, *items: Any) -> None:
         """Append to the list here."""
         with writing(self._docs) as tx:
-            key, path, current = self._docs.resolve(self._key, self.path)
+            key, path, current = self._container_target("push")
             if current is MISSING or current is None:
                 tx.write(key, path, self._accept(list(items), lambda: f"items pushed to {self!r}",
                                                  key, path))
@@ -184,6 +190,17 @@ class Cell:
             for offset, item in enumerate(accepted):
                 tx.write(key, (*path, n + offset), item)
 
+    def _container_target(self, op: str) -> tuple[DocKey, Path, Any]:
+        """Where ``update``/``push`` work: as for ``set``, and what is there must not be a
+        link (a write never passes through a link it lands on)."""
+        key, path, current = self._write_target()
+        if is_link(current):
+            raise UsageError(
+                f"{op}() at {self!r}: the value here is a link to another cell; write that "
+                f"cell with .resolve().{op}(...), or replace the link with set()"
+            )
+        return key, path, current
+
     def _write_target(self) -> tuple[DocKey, Path, Any]:
         """Where a write of this cell lands (see ``set``)."""
         docs = self._docs
@@ -196,31 +213,8 @@ class Cell:
         raise LinkError(f"link cycle while writing {self!r}")
 
     def _accept(self, value: Any, where: Callable[[], str], key: DocKey, path: Path) -> Any:
-        """``value`` as plain JSON to write at ``path`` of ``key``. Links in the data itself
-        (not made from a Cell) are refused unless the schema there asks for a link
-        (``{"asCell": true}``). Every link written must be followable from where it lands
-        (its scope reachable, its target there, no cycle) and must not point into itself."""
-        links: list[Path] = []
-        made: list[Path] = []
-        value = check_json(value, where, depth=len(path), links=links, made=made)
-        if not links and not made:
-            return value
-        schema = self._docs.doc(key).schema
-        for at in links:
-            if not asks_for_link(subschema(schema, (*path, *at))):
-                raise LinkError(
-                    f"{where()}{pointer(at)} is a link {_at(value, at)!r}, and links in data are "
-                    "refused where the schema does not ask for one: pass the Cell itself "
-                    "(cell.set(other_cell)) or give the schema {'asCell': true} there"
-                )
-        for at in (*links, *made):
-            link = _at(value, at)
-            full = (*path, *at)
-            target, tpath = parse_link(link, key)
-            if target == key and tpath[: len(full)] == full:
-                raise LinkError(f"{where()}{pointer(at)} links into itself: {link!r}")
-            self._docs.resolve(target, tpath)  # it must lead somewhere, without a cycle
-        return value
+        """``value`` as plain JSON to write at ``path`` of ``key`` (see ``accept_json``)."""
+        return accept_json(self._docs, value, where, key, path, self._docs.doc(key).schema)
 
     # -- observing -------------------------------------------------------------------
 
@@ -249,7 +243,7 @@ class Cell:
             last = value
             with signals.untracked():
                 try:
-                    callback(value)
+                    callback(copy_json(value))  # its own copy: mutating it misses nothing
                 except Exception as e:  # an observer's bug must not undo a commit
                     docs.report(e, f"sink on {self!r}")
 
@@ -295,6 +289,35 @@ class Cell:
             f"the truth value of {self!r} is not known while building the graph: "
             "read it with .get() inside lift/computed"
         )
+
+
+def accept_json(docs: Documents, value: Any, where: Callable[[], str], key: DocKey,
+                path: Path, schema: dict[str, Any] | None) -> Any:
+    """``value`` as plain JSON to sit at ``path`` of document ``key`` (whose schema is
+    ``schema``). Links in the data itself (not made from a Cell) are refused unless the
+    schema there asks for a link (``{"asCell": true}``). Every link must be followable from
+    where it lands (its scope reachable, its target there, no cycle) and must not point into
+    itself."""
+    links: list[Path] = []
+    made: list[Path] = []
+    value = check_json(value, where, depth=len(path), links=links, made=made)
+    if not links and not made:
+        return value
+    for at in links:
+        if not asks_for_link(subschema(schema, (*path, *at))):
+            raise LinkError(
+                f"{where()}{pointer(at)} is a link {_at(value, at)!r}, and links in data are "
+                "refused where the schema does not ask for one: pass the Cell itself "
+                "(cell.set(other_cell)) or give the schema {'asCell': true} there"
+            )
+    for at in (*links, *made):
+        link = _at(value, at)
+        full = (*path, *at)
+        target, tpath = parse_link(link, key)
+        if target == key and tpath[: len(full)] == full:
+            raise LinkError(f"{where()}{pointer(at)} links into itself: {link!r}")
+        docs.resolve(target, tpath)  # it must lead somewhere, without a cycle
+    return value
 
 
 def _at(value: Any, path: Path) -> Any:

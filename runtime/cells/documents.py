@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from ..errors import (
     CellError,
     ClosedError,
@@ -39,6 +41,7 @@ from ..storage import DocKey, Store, Write
 from . import signals
 from .equality import same
 from .jsonpath import (
+    LINK,
     MISSING,
     Path,
     assign_in_place,
@@ -65,8 +68,19 @@ _tx: ContextVar[Transaction | None] = ContextVar("celldialog_transaction", defau
 
 
 def current_transaction() -> Transaction | None:
-    """The transaction open in this task, if any."""
-    return _tx.get()
+    """The transaction open in this task, if any. A task started inside another task's
+    transaction inherits the context variable, not the transaction: it has none."""
+    tx = _tx.get()
+    if tx is None or tx.task is None or tx.task == _task_id():
+        return tx
+    return None
+
+
+def _task_id() -> int | None:
+    try:
+        return anyio.get_current_task().id
+    except Exception:  # no event loop: plain synchronous code
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +97,8 @@ class Change:
 
 
 class Doc:
-    __slots__ = ("_compiled", "derived", "key", "label", "node", "readonly", "schema",
-                 "version")
+    __slots__ = ("_compiled", "declared", "derived", "key", "label", "node", "readonly",
+                 "schema", "version")
 
     def __init__(self, key: DocKey, node: Any, schema: dict[str, Any] | None, label: str,
                  derived: bool, version: int = 0, readonly: str | None = None) -> None:
@@ -96,6 +110,7 @@ class Doc:
         self.derived = derived
         self.version = version
         self.readonly = readonly  # why users may not write it (an instance's result...)
+        self.declared = derived  # declared by a running instance: its schema is known
 
     @property
     def compiled(self) -> CompiledSchema | None:
@@ -120,6 +135,18 @@ class Documents:
         self.listeners: list[Callable[[list[Change]], None]] = []
         self.errors: deque[tuple[str, BaseException]] = deque(maxlen=MAX_ERRORS)
         self.closed = False
+        self.notify_queue: deque[list[Change]] = deque()  # commits not yet told to listeners
+        self.applying = 0  # commits applying to the kernel now (nested when a sink writes)
+
+    def notify(self) -> None:
+        """Tell listeners of the queued commits, oldest first."""
+        while self.notify_queue:
+            records = self.notify_queue.popleft()
+            for listener in list(self.listeners):
+                try:
+                    listener(records)
+                except Exception as e:  # the commit stands; an observer's bug is reported
+                    self.report(e, f"on_commit listener {listener!r}")
 
     def report(self, error: BaseException, where: str) -> None:
         """Record an error that has no caller to raise to (a sink, a queued event). The
@@ -137,7 +164,7 @@ class Documents:
     @property
     def tx(self) -> Transaction | None:
         """The transaction open in the calling task on these documents, if any."""
-        tx = _tx.get()
+        tx = current_transaction()
         return tx if tx is not None and tx.docs is self else None
 
     # -- declaring -------------------------------------------------------------------
@@ -164,6 +191,7 @@ class Documents:
             if schema is not None:
                 doc.schema = schema
             doc.readonly = readonly
+            doc.declared = True
             if not overwrite or same(doc.node.peek(), initial):
                 return doc
         if schema is not None:
@@ -179,11 +207,13 @@ class Documents:
                 raise
             doc = Doc(key, signals.Signal(stored.value, label), schema, label, False,
                       stored.version, readonly)
+            doc.declared = True
             self._docs[key] = doc
             return doc
         if doc is None:
             doc = Doc(key, signals.Signal(copy_json(initial), label), schema, label, False,
                       readonly=readonly)
+            doc.declared = True
             self._docs[key] = doc
         else:
             doc.node.set(copy_json(initial))
@@ -230,9 +260,17 @@ class Documents:
         """The document's value: the open transaction's version for the task that owns
         it, the committed one (tracked by the kernel) for everyone else."""
         tx = _tx.get()
-        if tx is not None and tx.docs is self and signals.current_subscriber() is None:
+        if tx is not None and tx.docs is self and signals.current_subscriber() is None \
+                and (tx.task is None or tx.task == _task_id()):
             pending = tx.pending.get(key)
-            if pending is not None and pending.ops:
+            if pending is None:
+                # the version this transaction's view of the document is based on: a commit
+                # after another task's commit to it is a conflict, not a lost update
+                doc = self.doc(key)
+                if not doc.derived:
+                    tx.pending[key] = _Pending(doc.version)
+                return doc.node.get()
+            if pending.ops:
                 return tx.view(key, pending)
         return self.doc(key).node.get()
 
@@ -387,6 +425,7 @@ class Transaction:
 
     def __init__(self, docs: Documents) -> None:
         self.docs = docs
+        self.task = _task_id()  # the task that opened it: only that task sees it
         self.state = TxState.OPEN
         self.pending: dict[DocKey, _Pending] = {}
         self.outbox: list[tuple[Stream, Any]] = []
@@ -404,6 +443,26 @@ class Transaction:
         finally:
             _tx.reset(token)
 
+    def savepoint(self) -> tuple[Any, ...]:
+        """Where the transaction is now, for ``rollback_to`` (a nested block that raises)."""
+        return ({k: len(p.ops) for k, p in self.pending.items()}, len(self.outbox),
+                len(self.after_commit))
+
+    def rollback_to(self, point: tuple[Any, ...]) -> None:
+        """Undo every write, send and hook recorded since ``point``."""
+        lengths, n_out, n_hooks = point
+        for key in list(self.pending):
+            pending = self.pending[key]
+            n = lengths.get(key)
+            if n is None:
+                del self.pending[key]
+            elif n < len(pending.ops):
+                del pending.ops[n:]
+                del pending.befores[n:]
+                pending.root, pending.owned = MISSING, {}  # rebuilt from the ops when read
+        del self.outbox[n_out:]
+        del self.after_commit[n_hooks:]
+
     def _doc_for_write(self, key: DocKey) -> Doc:
         doc = self.docs.doc(key)
         if doc.derived:
@@ -413,6 +472,11 @@ class Transaction:
             )
         if doc.readonly:
             raise ReadOnlyError(f"cannot write to {doc.describe()}: {doc.readonly}")
+        if not doc.declared:
+            raise ReadOnlyError(
+                f"cannot write to {doc.describe()}: no running instance declares it, so its "
+                "schema is not known here; run the pattern that owns it first"
+            )
         return doc
 
     def view(self, key: DocKey, pending: _Pending) -> Any:
@@ -433,17 +497,33 @@ class Transaction:
         if pending is None:
             pending = self.pending[key] = _Pending(doc.version)
         root = self.view(key, pending) if pending.ops else doc.node.peek()
+        # walk to the parent, turning list steps into ints (a link's path is all strings)
         parent = root
-        for t in path[:-1]:
-            parent = step(parent, t)
+        steps: list[str | int] = []
+        for i, t in enumerate(path):
+            t = _index(parent, t)
+            if t is None:
+                raise PathError(
+                    f"cannot write {doc.describe()}{pointer(path)}: "
+                    + ("its parent does not exist (set the parent object first)"
+                       if i < len(path) - 1 or type(parent) is not list else
+                       f"the list there has {len(parent)} items (an index may be at most "
+                       "the length, which appends)")
+                )
+            steps.append(t)
+            if i < len(path) - 1:
+                parent = step(parent, t)
+                if type(parent) is not dict and type(parent) is not list:
+                    raise PathError(
+                        f"cannot write {doc.describe()}{pointer(path)}: its parent does not "
+                        "exist (set the parent object first)"
+                    )
+        path = tuple(steps)
         before = step(parent, path[-1]) if path else root
-        if path and not _can_assign(parent, path[-1]):
-            raise PathError(
-                f"cannot write {doc.describe()}{pointer(path)}: its parent does not exist "
-                "(set the parent object first)"
-            )
-        if before is not MISSING and same(before, value):
-            return  # writing what is there changes nothing
+        if path and type(parent) is dict and path[-1] in (LINK, "scope"):
+            _refuse_assembled_link(doc, path, parent, value)
+        if before is not MISSING and doc.version == pending.base and same(before, value):
+            return  # writing what is there changes nothing (and nobody changed it since)
         if pending.ops:
             pending.root = _assign_owned(pending.root, path, value, pending.owned)
         pending.ops.append((path, value))
@@ -482,6 +562,14 @@ class Transaction:
         docs = self.docs
         docs.check_open("committing")
         written = [(k, p) for k, p in self.pending.items() if p.ops]
+        for key, pending in self.pending.items():
+            if not pending.ops and docs.doc(key).version != pending.base:
+                raise ConflictError(
+                    f"{docs.doc(key).describe()} changed since this transaction read it "
+                    f"(version {pending.base}, now {docs.doc(key).version}); nothing was "
+                    "committed. Another writer (a task or process) committed to it: run the "
+                    "change again on the new state"
+                )
         # 1. everything that can fail, before the store: schemas, records (copies)
         for key, pending in written:
             doc = docs.doc(key)
@@ -514,43 +602,69 @@ class Transaction:
                 "change again on the new state",
             )
             raise
-        # 3. the kernel: cannot fail from here on (paths were checked when written)
-        with signals.batch():
-            for key, pending in written:
-                doc = docs.doc(key)
-                doc.version = versions[key]
-                node = doc.node
-                if pending.root is not MISSING:
-                    node.set(pending.root)
-                    continue
-                root = node.peek()
-                for path, value in pending.ops:
-                    if not path:
-                        root = value
-                        continue
-                    root = assign_in_place(root, path, value)
-                if root is node.peek():
-                    node.mutated()
-                else:
-                    node.set(root)
+        # 3. the kernel: cannot fail from here on (paths were checked when written). The
+        # listeners hear of commits in the order they were stored, also when a sink writes
+        # (a commit inside this one's flush): this one is queued first, all are told after.
         self.pending = {}
-        for listener in list(docs.listeners):
-            try:
-                listener(records)
-            except Exception as e:  # the commit stands; an observer's bug is reported
-                docs.report(e, f"on_commit listener {listener!r}")
+        docs.notify_queue.append(records)
+        docs.applying += 1
+        try:
+            with signals.batch():
+                for key, pending in written:
+                    doc = docs.doc(key)
+                    doc.version = versions[key]
+                    node = doc.node
+                    if pending.root is not MISSING:
+                        node.set(pending.root)
+                        continue
+                    root = node.peek()
+                    for path, value in pending.ops:
+                        root = value if not path else assign_in_place(root, path, value)
+                    if root is node.peek():
+                        node.mutated()
+                    else:
+                        node.set(root)
+        except Exception as e:  # an effect failed or looped: the commit stands, report it
+            docs.report(e, f"effects after a commit to {docs.doc(written[0][0]).describe()}")
+        finally:
+            docs.applying -= 1
+        if not docs.applying:
+            docs.notify()
         return records
 
 
-def _can_assign(parent: Any, token: str | int) -> bool:
+def _index(parent: Any, token: str | int) -> str | int | None:
+    """The step ``token`` as written into ``parent``: a key for an object, an int index
+    (at most the length: that appends) for a list; None where it cannot be written."""
     t = type(parent)
     if t is dict:
-        return True
+        return str(token)
     if t is list:
-        if type(token) is int:
-            return 0 <= token <= len(parent)
-        return isinstance(token, str) and token.isdigit() and int(token) <= len(parent)
-    return False
+        if type(token) is str and token.isascii() and token.isdigit():
+            token = int(token)
+        if type(token) is int and 0 <= token <= len(parent):
+            return token
+    return None
+
+
+def _refuse_assembled_link(doc: Doc, path: Path, parent: dict[str, Any], value: Any) -> None:
+    """Writing ``"@link"`` (or ``"scope"``) into an object can turn it into a link one key
+    at a time; that is a link written from data, refused where no schema asks for one."""
+    candidate = {**parent, str(path[-1]): value}
+    if not is_link(candidate):
+        return
+    from .schema import asks_for_link, subschema
+
+    if not asks_for_link(subschema(doc.schema, path[:-1])):
+        raise LinkError(
+            f"writing {pointer(path)} of {doc.describe()} would turn the object there into a "
+            "link, and links in data are refused where the schema does not ask for one: "
+            "write a Cell at the parent (parent.set(other_cell)) or give the schema "
+            "{'asCell': true} there"
+        )
+    target, tpath = parse_link(candidate, doc.key)
+    if target == doc.key and tpath[: len(path) - 1] == path[:-1]:
+        raise LinkError(f"{pointer(path[:-1])} of {doc.describe()} would link into itself")
 
 
 def _assign_owned(root: Any, path: Path, value: Any, owned: dict[int, Any]) -> Any:

@@ -29,10 +29,17 @@ def same(a: Any, b: Any) -> bool:
 
 
 def _same_items(a: Any, b: Any) -> bool:
-    """Containers of equal length: compare iteratively (deep values must not recurse)."""
+    """Containers of equal length: compare iteratively (deep values must not recurse). A
+    pair already compared is not compared again: values that share parts (a document
+    whose links fan out reads as one) cost their distinct parts, not their tree size."""
     stack: list[tuple[Any, Any]] = [(a, b)]
+    seen: set[tuple[int, int]] = set()
     while stack:
         x, y = stack.pop()
+        pair = (id(x), id(y))
+        if pair in seen:
+            continue
+        seen.add(pair)
         if type(x) is dict:
             for k, v in x.items():
                 if k not in y:

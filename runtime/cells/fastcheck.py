@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 from .equality import same
 
@@ -51,13 +52,15 @@ class _Unsupported(Exception):
     pass
 
 
-def compile_check(schema: Any) -> Check | None:
+def compile_check(schema: Any, root: Any = None) -> Check | None:
     """A predicate that accepts only values the schema accepts, or None when the schema
-    uses a keyword outside the subset (then only jsonschema can tell)."""
-    if isinstance(schema, dict) and schema.get("$schema") not in _DRAFTS_OK:
+    uses a keyword outside the subset (then only jsonschema can tell). ``root`` is the
+    document's whole schema when ``schema`` is part of it (its ``$ref``s resolve there)."""
+    root = schema if root is None else root
+    if isinstance(root, dict) and root.get("$schema") not in _DRAFTS_OK:
         return None
     try:
-        return _Compiler(schema).compile(schema, 0)
+        return _Compiler(root).compile(schema, 0)
     except (_Unsupported, re.error, TypeError, ValueError, KeyError):
         return None
 
@@ -211,7 +214,7 @@ class _Compiler:
             return hit
         target: Any = self.root
         for token in arg[2:].split("/"):
-            token = token.replace("~1", "/").replace("~0", "~")
+            token = unquote(token).replace("~1", "/").replace("~0", "~")
             target = target[token] if isinstance(target, dict) else target[int(token)]
         slot: list[Check] = []
         self.refs[arg] = lambda v: slot[0](v)  # recursive schemas refer back to themselves

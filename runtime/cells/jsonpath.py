@@ -113,6 +113,7 @@ def copy_json(value: Any) -> Any:
 
 JSON_SCALARS = (str, int, float, bool, type(None))
 _INF = float("inf")
+_MAX_INT = 10**4000  # beyond this Python will not turn an int into text (JSON)
 
 MAX_NESTING = 100
 """How deep a document may nest (objects and lists inside each other). Deeper values are
@@ -154,6 +155,11 @@ def _check(value: Any, depth: int, links: list[Path] | None, at: Path,
                 raise _Bad
             raise NotJSONError(f"{where} is {'NaN' if value != value else value}, which JSON "
                                "cannot hold")
+        if t is int and not -_MAX_INT < value < _MAX_INT:
+            if where is None:
+                raise _Bad
+            raise NotJSONError(f"{where} is an integer of more than 4,000 digits; store it "
+                               "as a string")
         return value
     if depth >= MAX_NESTING:
         if where is None:

@@ -19,7 +19,7 @@ from anyio.abc import TaskGroup
 
 from ..errors import ClosedError, PatternError, StreamError
 from ..storage import DocKey, Store, open_store
-from .cell import Cell, Stream, writing
+from .cell import Cell, Stream, accept_json, writing
 from .documents import Change, Documents, current_transaction
 from .ids import canonical, derive
 from .jsonpath import MISSING, check_json
@@ -196,10 +196,13 @@ class Runtime:
         if not isinstance(space, str) or not space:
             raise PatternError(f"space must be a non-empty string, got {space!r}")
         scope = Scope.of(user, session)
-        args = check_json({} if args is None else args, "pattern arguments")
-        if not isinstance(args, dict):
+        if args is not None and not isinstance(args, dict):
             raise PatternError(f"pattern arguments must be a dict, got {type(args).__name__}")
-        args = {**check_json(pattern.defaults(), "pattern defaults"), **args}
+        args = {**check_json(pattern.defaults(), "pattern defaults"), **(args or {})}
+        # links in the arguments are checked as any write's: only where the argument schema
+        # asks for one, and only to what the instance's scope may reach
+        args = accept_json(self.docs, args, lambda: "pattern arguments",
+                           DocKey(space, scope.key, ""), (), pattern.argument_schema)
         if cause is not None:
             cause = check_json(cause, "cause")
         cause_id = derive("instance", pattern.key, canonical(args) if cause is None else cause)

@@ -8,12 +8,13 @@ reported with the handlers involved instead of spinning forever.
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CycleError, LinkError, StreamError
+from ..errors import CycleError, LinkError, PatternError, StreamError
 from . import signals
 from .documents import Documents, Transaction, TxState, current_transaction
 from .jsonpath import Path, check_json, copy_json, pointer
@@ -69,7 +70,19 @@ class Scheduler:
             # if that handler commits
             tx.outbox.append((stream, payload))
             return Event(stream, payload, self.current)
+        own = current_transaction()
+        if own is not None:
+            # sent inside `with rt.transaction()`: leaves only if that block commits
+            if not own.outbox:
+                own.after_commit.append(lambda: self._release(own))
+            own.outbox.append((stream, payload))
+            return Event(stream, payload, self.current)
         return self._push(stream, payload, self.current)
+
+    def _release(self, tx: Transaction) -> None:
+        for target, payload in tx.outbox:
+            self._push(target, payload, self.current)
+        tx.outbox.clear()
 
     def _push(self, stream: Stream, payload: Any, parent: Event | None) -> Event:
         ev = Event(stream, payload, parent)
@@ -104,7 +117,14 @@ class Scheduler:
             if handler.event_model is not None:
                 event = handler.event_model.model_validate(event)
             with tx.bound(), signals.untracked():
-                handler.fn(event, **stream.bindings)
+                returned = handler.fn(event, **stream.bindings)
+            if inspect.isawaitable(returned):
+                if hasattr(returned, "close"):
+                    returned.close()  # never awaited: don't leave a warning behind
+                raise PatternError(
+                    f"handler {stream.name} returned an awaitable, which never runs: handlers "
+                    "are synchronous; start async work with current_runtime().spawn(...)"
+                )
             tx.commit()
             for target, payload in tx.outbox:
                 self._push(target, payload, ev)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 import jsonschema
 from pydantic import TypeAdapter
@@ -183,7 +184,7 @@ class CompiledSchema:
                 return schema
             try:
                 target: Any = self.schema
-                for t in parse_pointer(ref[1:]):
+                for t in parse_pointer(unquote(ref[1:])):
                     target = target[t] if isinstance(target, dict) else target[int(t)]
             except (KeyError, IndexError, ValueError, TypeError):
                 return schema
@@ -192,23 +193,23 @@ class CompiledSchema:
 
 
 _WHOLE: Any = object()
+_OBJECT_WORDS = frozenset({"properties", "additionalProperties", "required", "minProperties"})
 
 
 def _sub_check(root: dict[str, Any], sub: Any) -> Check | None:
-    """The fast check of a subschema, resolving its local refs against the root."""
-    if isinstance(root, dict) and ("$defs" in root or "definitions" in root) \
-            and isinstance(sub, dict):
-        sub = {**sub, **{k: root[k] for k in ("$defs", "definitions") if k in root}}
-    return compile_check(sub)
+    """The fast check of a subschema; its ``$ref``s resolve against the root schema."""
+    return compile_check(sub, root)
 
 
 def _child(schema: dict[str, Any], token: str | int) -> Any:
     """The schema a child lands in, ``None`` for none, ``_WHOLE`` when only validating the
     container as a whole can tell (a key ``additionalProperties: false`` forbids)."""
+    items = schema.get("items")
+    if items is not None and not _OBJECT_WORDS.isdisjoint(schema):
+        return _WHOLE  # says things of objects and of arrays: only the container tells
     props = schema.get("properties")
     if isinstance(props, dict) and str(token) in props:
         return props[str(token)]
-    items = schema.get("items")
     if items is not None and (type(token) is int or str(token).isdigit()):
         if isinstance(items, dict | bool):
             return items if items is not True else None

@@ -31,6 +31,12 @@ def _check_id(what: str, value: object) -> str:
         )
     if not value:
         raise ScopeError(f"{what} must not be empty; pass None for no {what}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ScopeError(
+            f"{what} {value!r} is not valid Unicode text (it holds a lone surrogate)"
+        ) from None
     return value
 
 
