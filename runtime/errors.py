@@ -18,6 +18,7 @@
     ├── StorageError                  a store failed (runtime.storage)
     │   ├── ConflictError             another writer changed the document first: retry
     │   ├── StoreBusyError            the database stayed locked longer than the busy timeout
+    │   ├── StoreConfigError          a store URL, option or write that cannot be used
     │   └── StoreClosedError          the store was used after it was closed
     └── (the LLM port, runtime.llm.errors)
         ├── LLMError                  a model call failed; ``fault`` says if retrying can help
@@ -54,6 +55,7 @@ __all__ = [
     "StorageError",
     "StoreBusyError",
     "StoreClosedError",
+    "StoreConfigError",
     "StreamError",
     "UsageError",
     "WriteInComputationError",
@@ -151,6 +153,11 @@ class ConflictError(StorageError):
 
 class StoreBusyError(StorageError):
     """The database stayed locked by another writer for longer than the busy timeout."""
+
+
+class StoreConfigError(StorageError, ValueError, TypeError):
+    """A store that cannot be opened as asked (an unknown URL, a bad option), or a write
+    built wrongly (a patch without the version it applies to)."""
 
 
 class StoreClosedError(StorageError):

@@ -38,7 +38,7 @@ import reactivex
 from reactivex import abc
 from reactivex.disposable import Disposable, SingleAssignmentDisposable
 
-from ..errors import StreamError
+from ..errors import ClosedError, StreamError
 
 if TYPE_CHECKING:
     from .cell import Cell, Stream
@@ -117,7 +117,7 @@ def observe(cell: Cell) -> reactivex.Observable[Any]:
                 stop()
 
         if not home.call(install):
-            raise RuntimeError(f"observe({cell!r}): the runtime's event loop has closed")
+            raise ClosedError(f"observe({cell!r}): the runtime's event loop has closed")
         return Disposable(lambda: home.call(dispose))
 
     return reactivex.create(subscribe)
@@ -258,7 +258,7 @@ def feed(source: reactivex.Observable[Any], stream: Stream, *,
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        raise RuntimeError(
+        raise ClosedError(
             f"feed() into {stream!r} needs the runtime's event loop: call it from the async "
             "code that runs the runtime (inside `async with Runtime()`), on its thread"
         ) from None

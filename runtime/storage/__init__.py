@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl
 
-from ..errors import StorageError, StoreBusyError, StoreClosedError
+from ..errors import StorageError, StoreBusyError, StoreClosedError, StoreConfigError
 from .base import ConflictError, DocKey, Store, Stored, Write
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
@@ -39,7 +39,7 @@ def open_store(spec: str | Store) -> Store:
     if not isinstance(spec, str):
         if all(callable(getattr(spec, m, None)) for m in ("load", "commit", "keys", "close")):
             return spec
-        raise TypeError(
+        raise StoreConfigError(
             f"store must be 'memory', 'sqlite:///path/to/file.db' or a Store, "
             f"got {type(spec).__name__} {spec!r}"
         )
@@ -48,9 +48,9 @@ def open_store(spec: str | Store) -> Store:
     if spec.startswith("sqlite:///"):
         path, _, query = spec[len("sqlite:///"):].partition("?")
         if not path:
-            raise ValueError("sqlite store needs a path: 'sqlite:///app.db'")
+            raise StoreConfigError("sqlite store needs a path: 'sqlite:///app.db'")
         return SQLiteStore(path, **_sqlite_options(spec, query))
-    raise ValueError(
+    raise StoreConfigError(
         f"unknown store {spec!r}: use 'memory' or 'sqlite:///path/to/file.db'"
     )
 
@@ -63,7 +63,7 @@ def _sqlite_options(spec: str, query: str) -> dict[str, float]:
         pairs = [("", query)]
     for name, text in pairs:
         if name not in _SQLITE_OPTIONS:
-            raise ValueError(
+            raise StoreConfigError(
                 f"unknown option {name!r} in store {spec!r}: a sqlite store takes "
                 f"{', '.join(_SQLITE_OPTIONS)} ('sqlite:///app.db?busy_timeout=30')"
             )
@@ -72,7 +72,7 @@ def _sqlite_options(spec: str, query: str) -> dict[str, float]:
         except ValueError:
             seconds = -1.0
         if not 0 <= seconds < float("inf"):
-            raise ValueError(
+            raise StoreConfigError(
                 f"busy_timeout in store {spec!r} is the seconds to wait for a locked "
                 f"database, a number >= 0; got {text!r}"
             )

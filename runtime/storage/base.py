@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from ..errors import ConflictError, StorageError, StoreBusyError, StoreClosedError
+from ..errors import ConflictError, StorageError, StoreBusyError, StoreClosedError, StoreConfigError
 
 __all__ = [
     "ConflictError",
@@ -69,7 +69,7 @@ class Write:
 
     def __post_init__(self) -> None:
         if self.patch is not None and self.expect is None:
-            raise TypeError(
+            raise StoreConfigError(
                 f"Write.patch needs expect: a patch applies to a known version of "
                 f"{self.key}; pass expect=<the version the patch was computed from> "
                 f"(0 for a new document), or write the whole value without a patch"

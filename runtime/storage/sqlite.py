@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import StorageError, StoreBusyError, StoreClosedError
+from ..errors import StorageError, StoreBusyError, StoreClosedError, StoreConfigError
 from .base import DocKey, Stored, Write
 from .patch import MISSING, apply_patch, conflict, describe
 
@@ -112,7 +112,7 @@ class SQLiteStore:
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (
             0 <= busy_timeout < float("inf")
         ):
-            raise ValueError(
+            raise StoreConfigError(
                 f"busy_timeout is the seconds to wait for a locked database, a number >= 0; "
                 f"got {busy_timeout!r}"
             )
