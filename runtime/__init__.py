@@ -38,6 +38,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .builtins import Dialog, llm_dialog
     from .cells import (
         Cell,
         Change,
@@ -63,6 +64,7 @@ _LAZY = {
         "runtime.cells",
     ),
     **dict.fromkeys(("MemoryStore", "SQLiteStore", "Store"), "runtime.storage"),
+    **dict.fromkeys(("Dialog", "llm_dialog"), "runtime.builtins"),
 }
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "ClosedError",
     "ConflictError",
     "CycleError",
+    "Dialog",
     "Handler",
     "Instance",
     "LinkError",
@@ -102,6 +105,7 @@ __all__ = [
     "current_runtime",
     "handler",
     "lift",
+    "llm_dialog",
     "pattern",
 ]
 

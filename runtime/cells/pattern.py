@@ -63,6 +63,7 @@ class Builder:
         self.names: set[tuple[str, str]] = set()
         self.derived: list[DocKey] = []
         self.streams: list[Stream] = []
+        self.on_stop: list[Callable[[], None]] = []  # builtin nodes' teardown
 
     def scope_key(self, scope: ScopeName) -> str:
         if scope == "space":
@@ -190,10 +191,13 @@ class Handler:
         ]
         if missing:
             raise BindingError(f"handler {self.name} is missing bindings for {missing}")
-        key = b.key("stream", None, b.scope.key)
-        b.docs.declare(key, {"$stream": True}, None, label=self.name, overwrite=True,
+        return self.bind_in(b, b.key("stream", None, b.scope.key), bindings, self.name)
+
+    def bind_in(self, b: Builder, key: DocKey, bindings: dict[str, Any], name: str) -> Stream:
+        """The stream of this handler at ``key`` (a pattern's, or a builtin node's)."""
+        b.docs.declare(key, {"$stream": True}, None, label=name, overwrite=True,
                        readonly="it is a stream: send events to it instead")
-        stream = Stream(b.scheduler, key, self, dict(bindings), self.name)
+        stream = Stream(b.scheduler, key, self, dict(bindings), name)
         b.streams.append(stream)
         return stream
 

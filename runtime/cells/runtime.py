@@ -87,18 +87,7 @@ class Instance:
     async def send(self, name: str, event: Any) -> None:
         """Send ``event`` to the stream ``name`` and run it (and anything queued before it).
         Raises the handler's error if it failed; the failed handler committed nothing."""
-        if current_transaction() is not None:
-            raise StreamError(
-                f"await send({name!r}) inside an open transaction would run the handler in "
-                "the middle of it: send after the `with rt.transaction()` block, or queue the "
-                f"event with inst.stream({name!r}).send(event)"
-            )
-        ev = self.runtime.scheduler.enqueue(self.stream(name), event)
-        ev.awaited = True
-        self.runtime.scheduler.drain()
-        await anyio.lowlevel.checkpoint()
-        if ev.error is not None:
-            raise ev.error
+        await self.runtime.send(self.stream(name), event)
 
     def __repr__(self) -> str:
         who = "".join(f" {k}={v}" for k, v in (("user", self.user), ("session", self.session))
@@ -111,14 +100,16 @@ class Runtime:
 
     ``store`` is ``"memory"`` (default), ``"sqlite:///path"`` or a ``Store``. ``clock``
     (seconds, like ``time.time``) is what turns and heartbeats read, so tests can own time.
-    ``max_event_chain`` is how many events in a causal chain count as a cycle.
+    ``max_event_chain`` is how many events in a causal chain count as a cycle. ``model``
+    is the model builtins like ``llm_dialog`` use when they name none.
     """
 
     def __init__(self, store: str | Store = "memory", *,
                  clock: Callable[[], float] = time.time,
-                 max_event_chain: int = MAX_CHAIN) -> None:
+                 max_event_chain: int = MAX_CHAIN, model: Any = None) -> None:
         self.store = open_store(store)
         self.clock = clock
+        self.model = model  # the default model of builtins (a name or a runtime.llm Model)
         self.docs = Documents(self.store)
         self._changed: anyio.Event | None = None  # made by a waiter, set by the next poke
         self._work: anyio.Event | None = None  # the pump's, while it waits for events
@@ -249,6 +240,11 @@ class Runtime:
             stream.stopped = True
         for key in instance._builder.derived:
             self.docs.forget(key)
+        for hook in instance._builder.on_stop:
+            try:
+                hook()
+            except Exception as e:  # one node's teardown must not stop the others'
+                self.docs.report(e, f"stopping {instance!r}")
         self._instances.pop(instance._key, None)
 
     # -- waiting ---------------------------------------------------------------------
@@ -323,6 +319,21 @@ class Runtime:
                 self._poke()
 
         self._tg.start_soon(tracked, name=name)
+
+    async def send(self, stream: Stream, event: Any) -> None:
+        """Send ``event`` to ``stream`` and run it (and anything queued before it); raises
+        the handler's error if it failed (then it committed nothing)."""
+        if current_transaction() is not None:
+            raise StreamError(
+                f"await rt.send({stream.name!r}, ...) inside an open transaction would run the "
+                "handler in the middle of it: send after the `with rt.transaction()` block"
+            )
+        ev = self.scheduler.enqueue(stream, event)
+        ev.awaited = True
+        self.scheduler.drain()
+        await anyio.lowlevel.checkpoint()
+        if ev.error is not None:
+            raise ev.error
 
     def _check_running(self, what: str) -> None:
         if self._state is not _State.OPEN:

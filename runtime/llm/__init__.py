@@ -55,7 +55,7 @@ from .safety import (
     safe_base_url,
     supported_image_media_type,
 )
-from .scripted import Delayed, Pause, Reply, ScriptedModel, delayed
+from .scripted import Delayed, Pause, Reply, ScriptedModel, call, delayed
 from .steps import (
     DEFAULT_MAX_STEPS,
     TOOL_CANCELLED,
@@ -165,6 +165,7 @@ __all__ = [
     "aliases",
     "assemble",
     "by_alias",
+    "call",
     "check_api_key",
     "check_base_url",
     "delayed",

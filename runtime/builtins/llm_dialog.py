@@ -1,0 +1,412 @@
+"""``llm_dialog``: a conversation with a model that lives in the cell graph.
+
+The dialog's state is cells (``pending``, ``partial``, ``error``, ``usage``, ``result``...),
+scoped like the ``messages`` cell it is given; its inputs are streams (``add_message``,
+``cancel_generation``). A turn reads as a pipeline::
+
+    add_message -> accept (one commit: pending, the user message, a new turn id)
+                -> spawn the turn -> run_steps (the port's step engine)
+                -> each message appended, guarded by the turn id -> the end (pending false)
+
+Every write a turn makes happens only while its turn id is still the current one, so a late
+reply to a cancelled turn lands nowhere. Tools are routed to bound handler streams: a handler
+tool runs in its own transaction and may write the caller's state it was bound with.
+
+Not here yet (see the issue): the six management tools, pattern tools, pins, heartbeats for
+several processes, ``generate_text`` / ``generate_object``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from ..cells import Cell, Stream, current_runtime
+from ..cells.builtin import BuiltinNode
+from ..cells.jsonpath import is_link
+from ..cells.runtime import Runtime
+from ..errors import PatternError
+from ..llm import (
+    TOOL_CANCELLED,
+    CacheHint,
+    Message,
+    Model,
+    Request,
+    Role,
+    StepSink,
+    StepsOutcome,
+    StepsStatus,
+    TextBlock,
+    Tool,
+    ToolResult,
+    ToolUse,
+    Usage,
+    resolve_model,
+    run_steps,
+)
+
+__all__ = ["MANAGEMENT_TOOLS", "PRESENT_RESULT", "Dialog", "llm_dialog"]
+
+log = logging.getLogger("celldialog.dialog")
+
+MANAGEMENT_TOOLS = ("read", "invoke", "schema", "pin", "unpin", "updateArgument")
+PRESENT_RESULT = "presentResult"
+ERROR_PREFIX = "I encountered an error generating a response"
+PARTIAL_INTERVAL = 0.25  # seconds between writes of streamed text into `partial`
+VALUE_LIMIT = 2000  # characters of a context cell's value shown to the model
+
+_USAGE_ZERO = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
+               "cache_write_tokens": 0}
+
+
+@dataclass(frozen=True)
+class Dialog:
+    """The outputs of ``llm_dialog``: put them in the pattern's result as you need them."""
+
+    pending: Cell
+    add_message: Stream
+    cancel_generation: Stream
+    result: Cell
+    partial: Cell
+    error: Cell
+    usage: Cell
+    dropped: Cell
+    flattened_tools: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _ToolSpec:
+    tool: Tool
+    stream: Stream | None  # None: presentResult
+
+
+def llm_dialog(messages: Cell, *, system: str | None = None,
+               tools: Mapping[str, Any] | None = None, model: str | Model | None = None,
+               max_tokens: int | None = None, context: Mapping[str, Cell] | None = None,
+               builtin_tools: bool = True, result_schema: dict[str, Any] | None = None,
+               max_steps: int = 50, name: str | None = None) -> Dialog:
+    """A dialog over ``messages`` (a cell holding the port's messages as JSON). Call it
+    inside a ``@pattern``; send a string (or a user message) to ``add_message``."""
+    if not isinstance(messages, Cell):
+        raise PatternError(f"llm_dialog(messages=...) takes a Cell, got {messages!r}")
+    context = dict(context or {})
+    for key, c in context.items():
+        if not isinstance(c, Cell):
+            raise PatternError(f"llm_dialog context {key!r} must be a Cell, got {c!r}")
+    catalog = _catalog(tools or {}, builtin_tools, result_schema)
+    node = BuiltinNode("llm_dialog", [messages, *context.values()], name=name)
+    turn = _Turns(node, messages, system, catalog, model, max_tokens, context, max_steps,
+                  result_schema)
+    return Dialog(
+        pending=turn.pending, add_message=turn.add_stream, cancel_generation=turn.cancel_stream,
+        result=turn.result, partial=turn.partial, error=turn.error, usage=turn.usage,
+        dropped=turn.dropped,
+        flattened_tools=[s.tool.model_dump(mode="json") for s in catalog.values()],
+    )
+
+
+def _catalog(tools: Mapping[str, Any], builtin_tools: bool,
+             result_schema: dict[str, Any] | None) -> dict[str, _ToolSpec]:
+    reserved = {PRESENT_RESULT, *(MANAGEMENT_TOOLS if builtin_tools is not False else ())}
+    out: dict[str, _ToolSpec] = {}
+    for tool_name, spec in tools.items():
+        if tool_name in reserved:
+            remedy = ("pick another name" if tool_name == PRESENT_RESULT else
+                      "rename it, or pass builtin_tools=False to drop the built-in tools")
+            raise PatternError(
+                f"tool name {tool_name!r} is reserved for the dialog's built-in tools: {remedy}")
+        if isinstance(spec, Stream):
+            spec = {"handler": spec}
+        stream = spec.get("handler") if isinstance(spec, Mapping) else None
+        if not isinstance(stream, Stream):
+            raise PatternError(
+                f"tool {tool_name!r} needs a bound handler: "
+                "{'description': '...', 'handler': my_handler(state=cell)}")
+        schema = spec.get("input_schema") or stream.event_schema or {"type": "object"}
+        out[tool_name] = _ToolSpec(
+            Tool(name=tool_name, description=spec.get("description", ""),
+                 input_schema=_inline_refs(schema)), stream)
+    if result_schema is not None:
+        out[PRESENT_RESULT] = _ToolSpec(Tool(
+            name=PRESENT_RESULT,
+            description="Present the final result of the task, in the shape its schema asks.",
+            input_schema=_inline_refs(result_schema)), None)
+    return out
+
+
+_NOTHING: Any = object()
+
+
+class _Run:
+    """What one turn's task keeps to itself (a cancelled turn still winding down never
+    shares it with the next one)."""
+
+    __slots__ = ("last_partial", "present", "text", "turn_id")
+
+    def __init__(self, turn_id: str, now: float) -> None:
+        self.turn_id = turn_id
+        self.text = ""
+        self.last_partial = now
+        self.present: Any = _NOTHING
+
+
+class _Turns:
+    """One dialog node: its state cells, its two streams, and the turn it may be running."""
+
+    def __init__(self, node: BuiltinNode, messages: Cell, system: str | None,
+                 catalog: dict[str, _ToolSpec], model: str | Model | None,
+                 max_tokens: int | None, context: dict[str, Cell], max_steps: int,
+                 result_schema: dict[str, Any] | None) -> None:
+        self.node = node
+        self.messages = messages
+        self.system = system or ""
+        self.catalog = catalog
+        self.model = model
+        self.max_tokens = max_tokens
+        self.context = context
+        self.max_steps = max_steps
+        self.pending = node.state("pending", False, bool)
+        self.turn = node.state("turn", None)
+        self.partial = node.state("partial", None)
+        self.error = node.state("error", None)
+        self.usage = node.state("usage", dict(_USAGE_ZERO))
+        self.result = node.state("result", None)
+        self.dropped = node.state("dropped", 0, int)
+        self.add_stream = node.stream("add_message", self._on_add)
+        self.cancel_stream = node.stream("cancel_generation", self._on_cancel)
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        node.on_stop(self._stop)
+
+    # -- the two streams (handlers: synchronous, one transaction each) ---------------
+
+    def _on_add(self, event: Any) -> None:
+        message = _user_message(event)
+        if self.pending.get():
+            # seed 003: a message while a turn runs is ignored; counted, never silent
+            self.dropped.set(self.dropped.get() + 1)
+            log.info("%s: a message arrived while a turn is pending; ignored (cancel the "
+                     "turn before sending a replacement)", self.node.label)
+            return
+        turn_id = uuid.uuid4().hex
+        self.pending.set(True)
+        self.turn.set(turn_id)
+        self.error.set(None)
+        self.partial.set(None)
+        self.messages.push(message.model_dump(mode="json"))
+        rt = current_runtime()
+        self._scopes[turn_id] = self.node.spawn(self._run, rt, turn_id,
+                                                name=f"{self.node.label} turn")
+
+    def _on_cancel(self, event: Any) -> None:
+        if not self.pending.get():
+            return
+        turn_id = self.turn.get()
+        self.pending.set(False)
+        self.turn.set(None)
+        self.partial.set(None)
+        unanswered = _unanswered(self.messages.get())
+        if unanswered:  # the history stays valid for every provider
+            self.messages.push(Message(role=Role.USER, blocks=tuple(
+                ToolResult(tool_use_id=i, content=TOOL_CANCELLED, is_error=True)
+                for i in unanswered)).model_dump(mode="json"))
+        scope = self._scopes.pop(turn_id, None)
+        if scope is not None:
+            scope.cancel()
+
+    def _stop(self) -> None:
+        for scope in self._scopes.values():
+            scope.cancel()
+        self._scopes.clear()
+
+    # -- a turn ----------------------------------------------------------------------
+
+    async def _run(self, rt: Runtime, turn_id: str) -> None:
+        run = _Run(turn_id, rt.clock())
+        try:
+            model = self._resolve(rt)
+            history = tuple(Message.model_validate(m) for m in self.messages.get())
+            stable = len(history)
+
+            def build(history_now: Any, step: int) -> Request:
+                return Request(
+                    system=self._system_prompt(), messages=tuple(history_now),
+                    tools=tuple(s.tool for s in self.catalog.values()),
+                    max_tokens=self.max_tokens,
+                    cache=CacheHint(prefix=True, stable_messages=stable, key=self.node.cause),
+                )
+
+            sink = StepSink(
+                on_text=lambda delta: self._on_text(rt, run, delta),
+                on_usage=lambda usage: self._on_usage(rt, usage),
+                on_message=lambda message: self._append(rt, run, message),
+            )
+            outcome = await run_steps(model, build, execute=self._execute(rt, run),
+                                      history=history, sink=sink, max_steps=self.max_steps)
+            self._finish(rt, turn_id, outcome)
+        except Exception as e:  # no path leaves a turn pending
+            log.exception("%s: the turn failed", self.node.label)
+            self._end(rt, turn_id, f"{ERROR_PREFIX}: {e}", str(e))
+        finally:
+            self._scopes.pop(turn_id, None)
+
+    def _resolve(self, rt: Runtime) -> Model:
+        chosen = self.model if self.model is not None else rt.model
+        if chosen is None:
+            raise PatternError(
+                f"{self.node.label} has no model: pass llm_dialog(..., model='claude-sonnet-4-5')"
+                " (a name or a Model), or Runtime(model=...) for every dialog")
+        return resolve_model(chosen) if isinstance(chosen, str) else chosen
+
+    def _guarded(self, rt: Runtime, turn_id: str) -> bool:
+        """Inside a transaction: may this turn still write?"""
+        return self.turn.get() == turn_id and bool(self.pending.get())
+
+    def _append(self, rt: Runtime, run: _Run, message: Message) -> None:
+        with rt.transaction():
+            if not self._guarded(rt, run.turn_id):
+                return  # a late reply to a cancelled or replaced turn lands nowhere
+            self.messages.push(_inert(message.model_dump(mode="json")))
+            if message.role is Role.ASSISTANT:
+                run.text = ""
+                self.partial.set(None)
+            if run.present is not _NOTHING:  # presentResult: in the commit of its results
+                self.result.set(run.present)
+                run.present = _NOTHING
+
+    def _on_text(self, rt: Runtime, run: _Run, delta: str) -> None:
+        run.text += delta
+        now = rt.clock()
+        if now - run.last_partial < PARTIAL_INTERVAL:
+            return  # coarsened: a few writes a second, not one per token
+        run.last_partial = now
+        with rt.transaction():
+            if self._guarded(rt, run.turn_id):
+                self.partial.set(run.text)
+
+    def _on_usage(self, rt: Runtime, usage: Usage) -> None:
+        with rt.transaction():  # spent tokens count even for a turn cancelled since
+            total = dict(self.usage.get())
+            for k, v in usage.model_dump().items():
+                total[k] = total.get(k, 0) + v
+            self.usage.set(total)
+
+    def _execute(self, rt: Runtime, run: _Run) -> Any:
+        async def execute(call: ToolUse) -> Any:
+            spec = self.catalog[call.name]  # the engine checked the name and arguments
+            if spec.stream is None:  # presentResult: the last call wins
+                run.present = call.input
+                return "Result presented."
+            await rt.send(spec.stream, call.input)
+            return f"{call.name} done."
+
+        return execute
+
+    def _finish(self, rt: Runtime, turn_id: str, outcome: StepsOutcome) -> None:
+        if outcome.status is StepsStatus.COMPLETED:
+            self._end(rt, turn_id, None, None)
+        elif outcome.status is StepsStatus.MAX_STEPS:
+            why = f"the turn reached its limit of {self.max_steps} model calls (max_steps)"
+            self._end(rt, turn_id, f"{ERROR_PREFIX}: {why}.", why)
+        else:
+            why = str(outcome.error) if outcome.error is not None else "the model failed"
+            self._end(rt, turn_id, f"{ERROR_PREFIX}: {why}", why)
+
+    def _end(self, rt: Runtime, turn_id: str, text: str | None, error: str | None) -> None:
+        with rt.transaction():
+            if not self._guarded(rt, turn_id):
+                return
+            if text is not None:
+                self.messages.push(Message.text(Role.ASSISTANT, text).model_dump(mode="json"))
+            self.error.set(error)
+            self.partial.set(None)
+            self.pending.set(False)
+            self.turn.set(None)
+
+    def _system_prompt(self) -> str:
+        parts = [self.system] if self.system else []
+        if self.context:
+            lines = ["# Available Cells"]
+            for key, c in self.context.items():
+                lines.append(f"## {key}")
+                if c.schema is not None:
+                    lines.append("schema: " + json.dumps(c.schema, sort_keys=True))
+                text = json.dumps(c.get(None), sort_keys=True, ensure_ascii=False)
+                if len(text) > VALUE_LIMIT:
+                    text = text[: VALUE_LIMIT - 3] + "..."
+                lines.append("value: " + text)
+            parts.append("\n".join(lines))
+        return "\n\n".join(parts)
+
+
+def _user_message(event: Any) -> Message:
+    if isinstance(event, str):
+        if not event.strip():
+            raise PatternError("add_message got an empty string; send the user's text")
+        return Message(role=Role.USER, blocks=(TextBlock(text=event),))
+    if isinstance(event, dict):
+        try:
+            message = Message.model_validate(event)
+        except ValueError as e:
+            raise PatternError(f"add_message takes a string or a user message: {e}") from None
+        if message.role is Role.USER:
+            return message
+    raise PatternError(
+        "add_message takes a string (the user's text) or a user message "
+        "{'role': 'user', 'blocks': [{'kind': 'text', 'text': '...'}]}, "
+        f"got {type(event).__name__} {str(event)[:80]}")
+
+
+def _inert(value: Any) -> Any:
+    """A message the model wrote, with each link-shaped object in it stored as its JSON
+    text: the history must never hold a live link the model made up (it would alias other
+    documents on read). The call itself ran with what the model sent."""
+    if isinstance(value, dict):
+        if is_link(value):
+            return json.dumps(value, sort_keys=True)
+        return {k: _inert(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_inert(v) for v in value]
+    return value
+
+
+def _unanswered(history: list[dict[str, Any]]) -> list[str]:
+    """Tool calls of the last assistant message that no later message answers."""
+    for i in range(len(history) - 1, -1, -1):
+        m = history[i]
+        if m.get("role") == "assistant":
+            calls = [b["id"] for b in m.get("blocks", []) if b.get("kind") == "tool_use"]
+            answered = {b.get("tool_use_id") for later in history[i + 1:]
+                        for b in later.get("blocks", []) if b.get("kind") == "tool_result"}
+            return [c for c in calls if c not in answered]
+    return []
+
+
+def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with local ``$ref``s replaced by what they name (models advertise better
+    without indirection); a recursive ref is left as it is."""
+    defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+
+    def walk(node: Any, seen: frozenset[str]) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith(("#/$defs/", "#/definitions/")):
+                target = ref.rsplit("/", 1)[1]
+                if target in defs and ref not in seen:
+                    rest = {k: v for k, v in node.items() if k != "$ref"}
+                    return {**walk(defs[target], seen | {ref}), **walk(rest, seen)}
+            return {k: walk(v, seen) for k, v in node.items() if k not in ("$defs", "definitions")
+                    or node is not schema}
+        if isinstance(node, list):
+            return [walk(v, seen) for v in node]
+        return node
+
+    out = walk(schema, frozenset())
+    if "$ref" in json.dumps(out):  # a recursive ref is left: keep what it names
+        out.update({k: schema[k] for k in ("$defs", "definitions") if k in schema})
+    return out

@@ -1,0 +1,330 @@
+"""The llm_dialog builtin through the real runtime, against ScriptedModel (first slice of
+issue 7: turns, handler tools, presentResult, cancellation, errors, scopes)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+from runtime import PatternError, Runtime, cell, handler, llm_dialog, pattern
+from runtime.llm import Message, Reply, Request, ScriptedModel, StreamEvent, call
+
+pytestmark = pytest.mark.anyio
+
+
+class AddItem(BaseModel):
+    title: str
+
+
+@handler
+def add_item(event: AddItem, items):
+    items.push(event.title)
+
+
+@pattern(name="todo-agent")
+def todo_agent():
+    items = cell([], scope="user", name="items")
+    messages = cell([], scope="session", name="messages")
+    chat = llm_dialog(
+        messages=messages,
+        system="You keep the user's todo list.",
+        tools={"addItem": {"description": "Add an item", "handler": add_item(items=items)}},
+        context={"items": items},
+    )
+    return {"items": items, "messages": messages, "pending": chat.pending,
+            "send": chat.add_message, "cancel": chat.cancel_generation, "error": chat.error,
+            "usage": chat.usage, "dropped": chat.dropped}
+
+
+def _roles(inst: Any) -> list[str]:
+    return [m["role"] for m in inst.result.key("messages").get()]
+
+
+async def test_the_usage_of_the_issue_runs_as_written():
+    model = ScriptedModel([Reply(tool_calls=[call("addItem", {"title": "milk"})]), "Added milk."])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="alice", session="s1")
+        await inst.send("send", "add milk")
+        await rt.settled()
+        assert inst.result.key("items").get() == ["milk"]
+        # one tool round adds exactly three messages after the user's
+        assert _roles(inst) == ["user", "assistant", "user", "assistant"]
+        results = inst.result.key("messages").get()[2]["blocks"]
+        assert [b["kind"] for b in results] == ["tool_result"]
+        assert inst.result.key("pending").get() is False
+        assert inst.result.key("error").get() is None
+
+
+async def test_the_second_request_carries_the_whole_history_and_the_context():
+    model = ScriptedModel(["Hello.", "Still here."])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="alice", session="s1")
+        inst.result.key("items").set(["eggs"])
+        await inst.send("send", "hi")
+        await rt.settled()
+        await inst.send("send", "again")
+        await rt.settled()
+        _, second = model.requests
+        assert [m.text_content() for m in second.messages] == ["hi", "Hello.", "again"]
+        assert "# Available Cells" in second.system and '["eggs"]' in second.system
+        assert second.system.startswith("You keep the user's todo list.")
+        assert [t.name for t in second.tools] == ["addItem"]
+        assert second.tools[0].input_schema["properties"]["title"]["type"] == "string"
+
+
+class Gate:
+    """A model whose replies wait until the test opens the gate (a reply held open)."""
+
+    provider = "scripted"
+    name = "gate"
+
+    def __init__(self, script: list[Any]) -> None:
+        self.inner = ScriptedModel(script)
+        self.opened = anyio.Event()
+        self.started = anyio.Event()
+
+    @property
+    def requests(self) -> list[Request]:
+        return self.inner.requests
+
+    async def generate(self, request: Request) -> Any:  # pragma: no cover - streams only
+        raise NotImplementedError
+
+    async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
+        self.started.set()
+        await self.opened.wait()
+        async for event in self.inner.stream(request):
+            yield event
+
+
+async def test_a_message_while_pending_is_ignored_and_counted():
+    model = Gate(["first answer"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        await inst.send("send", "one")
+        with anyio.fail_after(10):
+            await model.started.wait()
+        await inst.send("send", "two")  # ignored: the turn is pending
+        assert inst.result.key("dropped").get() == 1
+        model.opened.set()
+        await rt.settled()
+        assert [m["blocks"][0]["text"] for m in inst.result.key("messages").get()] == [
+            "one", "first answer"]
+
+
+async def test_cancel_while_held_sets_pending_false_at_once_and_the_late_reply_lands_nowhere():
+    model = Gate(["too late"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        await inst.send("send", "question")
+        with anyio.fail_after(10):
+            await model.started.wait()
+        await inst.send("cancel", None)
+        assert inst.result.key("pending").get() is False
+        model.opened.set()
+        await rt.settled()
+        assert _roles(inst) == ["user"]
+        # the next turn works and sees a valid history
+        model.inner = ScriptedModel(["fresh"])
+        await inst.send("send", "again")
+        await rt.settled()
+        assert [m["blocks"][0]["text"] for m in inst.result.key("messages").get()] == [
+            "question", "again", "fresh"]
+
+
+async def test_cancel_during_the_first_of_two_tool_calls_answers_both():
+    entered, release = anyio.Event(), anyio.Event()
+    ran: list[str] = []
+
+    @handler
+    def slow(event, log):
+        ran.append(event["n"])
+        log.push(event["n"])
+
+    @pattern
+    def agent():
+        log = cell([], name="log")
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, tools={"step": slow(log=log)})
+        return {"log": log, "messages": messages, "send": chat.add_message,
+                "cancel": chat.cancel_generation, "pending": chat.pending}
+
+    model = ScriptedModel([Reply(tool_calls=[call("step", {"n": "a"}), call("step", {"n": "b"})]),
+                           "never"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(agent)
+        real_send = rt.send
+
+        async def held_send(stream: Any, event: Any) -> None:
+            if stream.name == "slow":  # a tool call: hold it in flight
+                entered.set()
+                await release.wait()
+            await real_send(stream, event)
+
+        rt.send = held_send  # type: ignore[method-assign]
+        await inst.send("send", "go")
+        with anyio.fail_after(10):
+            await entered.wait()
+        await inst.send("cancel", {})
+        release.set()
+        await rt.settled()
+        assert ran == []  # neither tool ran: the first was cancelled, the second never started
+        history = [Message.model_validate(m) for m in inst.result.key("messages").get()]
+        calls = [b.id for b in history[1].tool_uses()]
+        answered = [b for m in history[2:] for b in m.blocks if b.kind == "tool_result"]
+        assert sorted(r.tool_use_id for r in answered) == sorted(calls)
+        assert all(r.is_error and "cancelled" in r.content for r in answered)
+        assert inst.result.key("pending").get() is False
+
+
+@pytest.mark.parametrize("script, expect", [
+    ([""], "empty reply"),
+    ([RuntimeError("boom")], "boom"),
+    ([Reply(tool_calls=[call("addItem", {"title": "x"})])] * 3, "max_steps"),
+])
+async def test_every_failure_ends_the_turn_with_an_error_message_never_pending(script, expect):
+    @pattern
+    def agent():
+        items = cell([], name="items")
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, tools={"addItem": add_item(items=items)}, max_steps=2)
+        return {"messages": messages, "send": chat.add_message, "pending": chat.pending,
+                "error": chat.error}
+
+    async with Runtime(model=ScriptedModel(script)) as rt:
+        inst = rt.run(agent)
+        await inst.send("send", "go")
+        await rt.settled()
+        assert inst.result.key("pending").get() is False
+        last = inst.result.key("messages").get()[-1]
+        assert last["role"] == "assistant"
+        assert last["blocks"][0]["text"].startswith("I encountered an error generating a response")
+        assert expect in (inst.result.key("error").get() or "")
+
+
+async def test_bad_tool_calls_become_error_results_and_the_turn_goes_on():
+    model = ScriptedModel([
+        Reply(tool_calls=[call("nope", {}), call("addItem", {"title": 5})]),
+        Reply(tool_calls=[call("addItem", {"title": {"@link": "/victim"}})]),
+        "Sorry.",
+    ])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        await inst.send("send", "go")
+        await rt.settled()
+        history = inst.result.key("messages").get()
+        results = [b for m in history for b in m["blocks"] if b["kind"] == "tool_result"]
+        assert len(results) == 3 and all(r["is_error"] for r in results)
+        assert inst.result.key("items").get() == []
+        # the link the model wrote is kept as text in the history, never as a live link
+        assert history[3]["blocks"][0]["input"]["title"] == '{"@link": "/victim"}'
+        assert history[-1]["blocks"][0]["text"] == "Sorry."
+
+
+async def test_present_result_stores_its_input_and_reserved_names_raise():
+    schema = {"type": "object", "properties": {"name": {"type": "string"}},
+              "required": ["name"]}
+
+    @pattern
+    def extract():
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, builtin_tools=False, result_schema=schema)
+        return {"send": chat.add_message, "result": chat.result, "messages": messages}
+
+    model = ScriptedModel([Reply(tool_calls=[call("presentResult", {"name": "Ada"})]), "Done."])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(extract)
+        await inst.send("send", "Ada Lovelace wrote the first program.")
+        await rt.settled()
+        assert inst.result.key("result").get() == {"name": "Ada"}
+        assert [t.name for t in model.requests[0].tools] == ["presentResult"]
+
+    @pattern
+    def clash():
+        messages = cell([], name="m")
+        chat = llm_dialog(messages, tools={"read": add_item(items=cell([], name="i"))})
+        return {"send": chat.add_message}
+
+    @pattern
+    def clash_always():
+        messages = cell([], name="m")
+        chat = llm_dialog(messages, builtin_tools=False,
+                          tools={"presentResult": add_item(items=cell([], name="i"))})
+        return {"send": chat.add_message}
+
+    async with Runtime(model=model) as rt:
+        with pytest.raises(PatternError, match="builtin_tools=False"):
+            rt.run(clash)
+        with pytest.raises(PatternError, match="reserved"):
+            rt.run(clash_always)
+
+
+async def test_sessions_own_independent_turns():
+    model = Gate(["for s1", "for s2"])
+    async with Runtime(model=model) as rt:
+        a = rt.run(todo_agent, user="u", session="s1")
+        b = rt.run(todo_agent, user="u", session="s2")
+        await a.send("send", "one")
+        with anyio.fail_after(10):
+            await model.started.wait()
+        await b.send("send", "two")  # not dropped: another session's dialog
+        await a.send("cancel", None)
+        assert a.result.key("pending").get() is False
+        assert b.result.key("pending").get() is True
+        model.opened.set()
+        await rt.settled()
+        assert _roles(b) == ["user", "assistant"] and _roles(a) == ["user"]
+
+
+async def test_no_model_anywhere_is_a_clear_error_when_a_turn_starts():
+    async with Runtime() as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        await inst.send("send", "hi")
+        await rt.settled()
+        assert "Runtime(model=...)" in inst.result.key("error").get()
+        assert inst.result.key("pending").get() is False
+
+
+async def test_add_message_refuses_what_is_not_a_user_message():
+    async with Runtime(model=ScriptedModel(["x"])) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        for bad in (5, {"role": "assistant", "blocks": []}, "   "):
+            with pytest.raises(PatternError, match="add_message"):
+                await inst.send("send", bad)
+        await inst.send("send", Message.text("user", "fine").model_dump(mode="json"))
+        await rt.settled()
+        assert _roles(inst) == ["user", "assistant"]
+
+
+async def test_stopping_the_instance_cancels_its_turn():
+    model = Gate(["never lands"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        await inst.send("send", "hi")
+        with anyio.fail_after(10):
+            await model.started.wait()
+        rt.stop(inst)
+        model.opened.set()
+        await rt.settled()
+        assert _roles(inst) == ["user"]
+
+
+async def test_usage_is_summed_over_the_model_calls():
+    from runtime.llm import Usage
+
+    model = ScriptedModel([
+        Reply(tool_calls=[call("addItem", {"title": "a"})], usage=Usage(input_tokens=10,
+                                                                         output_tokens=2)),
+        Reply(text="ok", usage=Usage(input_tokens=15, output_tokens=3, cache_read_tokens=9)),
+    ])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        await inst.send("send", "go")
+        await rt.settled()
+        assert inst.result.key("usage").get() == {"input_tokens": 25, "output_tokens": 5,
+                                                   "cache_read_tokens": 9,
+                                                   "cache_write_tokens": 0}
