@@ -423,9 +423,11 @@ class Transaction:
     ``commit`` applies all of them atomically (check, store, then the kernel in one batch)
     or none. States: OPEN, then COMMITTED or ABORTED."""
 
-    def __init__(self, docs: Documents) -> None:
+    def __init__(self, docs: Documents, *, synchronous: bool = False) -> None:
         self.docs = docs
-        self.task = _task_id()  # the task that opened it: only that task sees it
+        # the task that opened it: only that task sees it. A synchronous transaction (a
+        # handler's: it cannot await, so no other task runs while it is open) needs no check
+        self.task = None if synchronous else _task_id()
         self.state = TxState.OPEN
         self.pending: dict[DocKey, _Pending] = {}
         self.outbox: list[tuple[Stream, Any]] = []

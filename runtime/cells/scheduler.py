@@ -107,7 +107,7 @@ class Scheduler:
     def _run(self, ev: Event) -> None:
         stream = ev.stream
         self.current = ev
-        tx = self._tx = Transaction(self.docs)
+        tx = self._tx = Transaction(self.docs, synchronous=True)
         token = _running.set(stream)
         try:
             if stream.stopped:
