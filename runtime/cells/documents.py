@@ -596,13 +596,10 @@ class Transaction:
         # 2. the store: all or nothing
         try:
             versions = docs.store.commit(writes)
-        except ConflictError as e:
-            docs.reload([k for k, _ in written])  # another writer got there first: catch up
-            e.args = (
-                f"{e.args[0]}; nothing was committed. Another writer (a task or process) "
-                "committed to the same document since this transaction read it: run the "
-                "change again on the new state",
-            )
+        except ConflictError:
+            # another writer got there first (the store's message says who and how to
+            # retry): catch up, so running the change again sees their value
+            docs.reload([k for k, _ in written])
             raise
         # 3. the kernel: cannot fail from here on (paths were checked when written). The
         # listeners hear of commits in the order they were stored, also when a sink writes

@@ -42,31 +42,25 @@ def _same_items(a: Any, b: Any) -> bool:
         seen.add(pair)
         if type(x) is dict:
             for k, v in x.items():
-                if k not in y:
-                    return False
-                w = y[k]
-                if v is w:
-                    continue
-                tv = type(v)
-                if tv is not type(w):
-                    return False
-                if tv is dict or tv is list or tv is tuple:
-                    if len(v) != len(w):
-                        return False
-                    stack.append((v, w))
-                elif v != w:
+                if k not in y or not _same_or_deferred(v, y[k], stack):
                     return False
         else:
             for v, w in zip(x, y, strict=True):
-                if v is w:
-                    continue
-                tv = type(v)
-                if tv is not type(w):
-                    return False
-                if tv is dict or tv is list or tv is tuple:
-                    if len(v) != len(w):
-                        return False
-                    stack.append((v, w))
-                elif v != w:
+                if not _same_or_deferred(v, w, stack):
                     return False
     return True
+
+
+def _same_or_deferred(v: Any, w: Any, stack: list[tuple[Any, Any]]) -> bool:
+    """Compare two children: scalars now, containers of equal length later (pushed)."""
+    if v is w:
+        return True
+    tv = type(v)
+    if tv is not type(w):
+        return False
+    if tv is dict or tv is list or tv is tuple:
+        if len(v) != len(w):
+            return False
+        stack.append((v, w))
+        return True
+    return v == w

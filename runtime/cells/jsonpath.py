@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import NotJSONError
+from ..storage.patch import copy_value as copy_json  # noqa: F401  (one deep copy, shared)
 
 Path = tuple[str | int, ...]
 
@@ -99,16 +100,6 @@ def assign_in_place(root: Any, path: Path, value: Any) -> Any:
         else:
             parent[i] = value
     return root
-
-
-def copy_json(value: Any) -> Any:
-    """A deep copy of a JSON value (fast path for scalars)."""
-    t = type(value)
-    if t is dict:
-        return {k: copy_json(v) for k, v in value.items()}
-    if t is list:
-        return [copy_json(v) for v in value]
-    return value
 
 
 JSON_SCALARS = (str, int, float, bool, type(None))
