@@ -151,7 +151,7 @@ async def test_concurrent_transactions_on_one_document_conflict_instead_of_losin
         read = anyio.Event()
 
         async def slow():
-            with pytest.raises(ConflictError, match="(?i)another writer"):
+            with pytest.raises(ConflictError, match=r"(?i)another writer"):
                 with rt.transaction():
                     a.set(a.get() + 1)
                     read.set()

@@ -308,9 +308,15 @@ async def test_stopping_the_instance_cancels_its_turn():
         with anyio.fail_after(10):
             await model.started.wait()
         rt.stop(inst)
+        assert inst.result.key("pending").get() is False  # not left pending for a rerun
         model.opened.set()
         await rt.settled()
         assert _roles(inst) == ["user"]
+        again = rt.run(todo_agent, user="u", session="s")
+        model.inner = ScriptedModel(["after the restart"])
+        await again.send("send", "hello again")
+        await rt.settled()
+        assert _roles(again) == ["user", "user", "assistant"]
 
 
 async def test_usage_is_summed_over_the_model_calls():

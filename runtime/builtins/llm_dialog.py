@@ -181,6 +181,7 @@ class _Turns:
         self.add_stream = node.stream("add_message", self._on_add)
         self.cancel_stream = node.stream("cancel_generation", self._on_cancel)
         self._scopes: dict[str, anyio.CancelScope] = {}
+        self._rt: Runtime | None = None  # known once a turn was accepted here
         node.on_stop(self._stop)
 
     # -- the two streams (handlers: synchronous, one transaction each) ---------------
@@ -199,11 +200,16 @@ class _Turns:
         self.error.set(None)
         self.partial.set(None)
         self.messages.push(message.model_dump(mode="json"))
-        rt = current_runtime()
+        rt = self._rt = current_runtime()
         self._scopes[turn_id] = self.node.spawn(self._run, rt, turn_id,
                                                 name=f"{self.node.label} turn")
 
     def _on_cancel(self, event: Any) -> None:
+        self._cancel()
+
+    def _cancel(self) -> None:
+        """End the pending turn now (in the caller's transaction): pending false, its
+        unanswered tool calls answered, its task cancelled."""
         if not self.pending.get():
             return
         turn_id = self.turn.get()
@@ -220,9 +226,16 @@ class _Turns:
             scope.cancel()
 
     def _stop(self) -> None:
-        for scope in self._scopes.values():
-            scope.cancel()
-        self._scopes.clear()
+        """The instance stops: its turn is cancelled as by ``cancel_generation``, so a later
+        run of the instance does not find a turn pending that nothing runs."""
+        try:
+            if self._scopes and self._rt is not None:  # a turn of this process runs
+                with self._rt.transaction():
+                    self._cancel()
+        finally:
+            for scope in self._scopes.values():
+                scope.cancel()
+            self._scopes.clear()
 
     # -- a turn ----------------------------------------------------------------------
 

@@ -37,6 +37,10 @@ from typing import Any, Generic, TypeVar
 from ..errors import CycleError, WriteInComputationError
 from .equality import same
 
+# scalars compare with == (same type checked first): the value gate's fast path; containers
+# go through same(), JSON's strict equality (here [1] != [True])
+_FLAT = frozenset({int, float, str, bool, type(None)})
+
 T = TypeVar("T")
 
 __all__ = [
@@ -154,7 +158,8 @@ class Signal(Generic[T]):
                     "computations must be pure; write from a handler or an effect instead"
                 )
         old = self._value
-        if value is old or same(value, old):
+        if value is old or (type(value) is type(old) and (
+                value == old if type(value) in _FLAT else same(value, old))):
             return
         self._value = value
         G.epoch += 1
@@ -367,7 +372,7 @@ def _update_signal(
     old = s.prev
     s.prev = None
     v = s._value
-    if v is old or same(v, old):
+    if v is old or (type(v) is type(old) and (v == old if type(v) in _FLAT else same(v, old))):
         return False  # written and written back within one batch or flush
     for sub in s.subs:
         f = sub.flags
@@ -546,7 +551,8 @@ def _compute(
             _relink(node, old, new)
         old_value = node.value
         if node.error is None:
-            if value is old_value or same(value, old_value):
+            if value is old_value or (type(value) is type(old_value) and (
+                    value == old_value if type(value) in _FLAT else same(value, old_value))):
                 return  # value gate: nothing downstream needs to know
         else:
             node.error = None
