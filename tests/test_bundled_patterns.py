@@ -60,6 +60,15 @@ def history(inst: Any) -> list[tuple[str, str]]:
     return out
 
 
+def shown(system: str, key: str) -> Any:
+    """The value of context cell ``key`` as the system prompt shows it under
+    ``# Available Cells`` (its ``## key`` section's ``value:`` line, as JSON)."""
+    cells = system.split("# Available Cells\n", 1)[1]
+    section = cells.split(f"## {key}\n", 1)[1].split("\n## ", 1)[0]
+    line = next(x for x in section.splitlines() if x.startswith("value: "))
+    return json.loads(line.removeprefix("value: "))
+
+
 def tool_results(inst: Any) -> list[dict[str, Any]]:
     return [b for m in inst.result.key("messages").get() for b in m["blocks"]
             if b["kind"] == "tool_result"]
@@ -102,19 +111,20 @@ async def test_chatbot_shows_the_users_notes_under_available_cells_at_every_call
         await inst.send("set_notes", "Prefers metric units.")
         await inst.send("send", "how far is it?")
         await rt.settled()
-        assert model.requests[0].system == (
-            'You are terse.\n\n# Available Cells\n## notes\nschema: {"type": "string"}\n'
-            'value: "Prefers metric units."')
+        system = model.requests[0].system
+        assert system.startswith("You are terse.\n\n# Available Cells\n## notes\n")
+        assert 'schema: {"type": "string"}' in system
+        assert shown(system, "notes") == "Prefers metric units."
         inst.result.key("notes").set("Prefers metric units. Lives in Lyon.")  # a UI's edit
         await inst.send("send", "and from Lyon?")
         await rt.settled()
-        assert model.requests[1].system.endswith('value: "Prefers metric units. Lives in Lyon."')
+        assert shown(model.requests[1].system, "notes") == "Prefers metric units. Lives in Lyon."
         # the notes are the user's: another session of hers sees them, with its own history
         other = rt.run(chatbot, {"system": "You are terse."}, user="ada", session="s2")
         assert other.result.key("notes").get() == "Prefers metric units. Lives in Lyon."
         await other.send("send", "hello")
         await rt.settled()
-        assert "Lives in Lyon." in model.requests[2].system
+        assert shown(model.requests[2].system, "notes") == "Prefers metric units. Lives in Lyon."
         assert [m.text_content() for m in model.requests[2].messages] == ["hello"]
         # another user has notes of their own (empty), and the default prompt
         bob = rt.run(chatbot, user="bob", session="s1")
@@ -174,7 +184,7 @@ async def test_chatbot_history_and_notes_survive_a_restart(tmp_path):
         await rt.settled()
         assert [m.text_content() for m in model.requests[0].messages] == ["hi", "Hello.", "back"]
         assert model.requests[0].system.startswith(DEFAULT_SYSTEM)
-        assert model.requests[0].system.endswith('value: "Likes tea."')
+        assert shown(model.requests[0].system, "notes") == "Likes tea."
 
 
 # ---------------------------------------------------------------------------- todo agent
@@ -198,7 +208,7 @@ async def test_todo_two_sessions_of_one_user_share_the_items_but_not_the_history
         assert s2.result.key("messages").get() == []  # but not that conversation
         await s2.send("send", "I bought the milk")
         await rt.settled()
-        assert '"title": "milk"' in model.requests[2].system  # s2's model saw the shared list
+        assert shown(model.requests[2].system, "items") == [item("milk")]  # the shared list
         assert [m.text_content() for m in model.requests[2].messages] == ["I bought the milk"]
         assert s1.result.key("items").get() == [item("milk", True)]
         assert s1.result.key("open").get() == 0
@@ -222,11 +232,7 @@ async def test_todo_each_tool_edits_the_list_and_the_model_sees_it_at_every_call
         await rt.settled()
         assert inst.result.key("items").get() == [item("milk")]
         assert inst.result.key("open").get() == 1
-
-        def listed(request: Request) -> list[dict[str, Any]]:
-            return json.loads(request.system.rsplit("value: ", 1)[1])
-
-        assert [listed(r) for r in model.requests] == [
+        assert [shown(r.system, "items") for r in model.requests] == [
             [],
             [item("milk"), item("eggs")],
             [item("milk", True), item("eggs")],
