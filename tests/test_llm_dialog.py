@@ -72,7 +72,8 @@ async def test_the_second_request_carries_the_whole_history_and_the_context():
         assert [m.text_content() for m in second.messages] == ["hi", "Hello.", "again"]
         assert "# Available Cells" in second.system and '["eggs"]' in second.system
         assert second.system.startswith("You keep the user's todo list.")
-        assert [t.name for t in second.tools] == ["addItem"]
+        assert [t.name for t in second.tools] == [
+            "addItem", "read", "invoke", "schema", "pin", "unpin", "updateArgument"]
         assert second.tools[0].input_schema["properties"]["title"]["type"] == "string"
 
 
@@ -242,6 +243,7 @@ async def test_present_result_stores_its_input_and_reserved_names_raise():
         await rt.settled()
         assert inst.result.key("result").get() == {"name": "Ada"}
         assert [t.name for t in model.requests[0].tools] == ["presentResult"]
+        assert "# Cells" not in model.requests[0].system  # no guide with built-ins off
 
     @pattern
     def clash():
@@ -334,3 +336,32 @@ async def test_usage_is_summed_over_the_model_calls():
         assert inst.result.key("usage").get() == {"input_tokens": 25, "output_tokens": 5,
                                                    "cache_read_tokens": 9,
                                                    "cache_write_tokens": 0}
+
+
+async def test_management_tools_work_inside_a_turn_and_pins_reach_the_next_step():
+    async with Runtime() as rt:
+        inst = rt.run(todo_agent, user="alice", session="s1")
+        items_path = inst.result.raw()["items"]["@link"]
+        inst.result.key("items").set(["eggs"])
+        model = ScriptedModel([
+            Reply(tool_calls=[call("read", {"path": items_path}),
+                              call("pin", {"path": items_path, "name": "todo"})]),
+            "Pinned.",
+        ])
+        rt.model = model
+        await inst.send("send", "pin my list")
+        await rt.settled()
+        results = [b for m in inst.result.key("messages").get() for b in m["blocks"]
+                   if b["kind"] == "tool_result"]
+        assert [r["is_error"] for r in results] == [False, False]
+        assert '["eggs"]' in results[0]["content"]
+        assert "## todo" not in model.requests[0].system
+        assert "## todo" in model.requests[1].system  # the pin shows from the next step on
+        bob = rt.run(todo_agent, user="bob", session="s1")
+        rt.model = ScriptedModel([Reply(tool_calls=[call("read", {
+            "path": {"@link": items_path, "scope": inst.result.key("items").scope}})]), "no"])
+        await bob.send("send", "read alice's list")
+        await rt.settled()
+        [refused] = [b for m in bob.result.key("messages").get() for b in m["blocks"]
+                     if b["kind"] == "tool_result"]
+        assert refused["is_error"] and "eggs" not in refused["content"]

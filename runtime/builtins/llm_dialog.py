@@ -12,8 +12,9 @@ Every write a turn makes happens only while its turn id is still the current one
 reply to a cancelled turn lands nowhere. Tools are routed to bound handler streams: a handler
 tool runs in its own transaction and may write the caller's state it was bound with.
 
-Not here yet (see the issue): the six management tools, pattern tools, pins, heartbeats for
-several processes, ``generate_text`` / ``generate_object``.
+The six management tools (``read``, ``invoke``, ``schema``, ``pin``, ``unpin``,
+``updateArgument``) come from ``management.py``. Not here yet (see the issue): pattern tools,
+heartbeats for several processes.
 """
 
 from __future__ import annotations
@@ -50,12 +51,12 @@ from ..llm import (
     resolve_model,
     run_steps,
 )
+from .management import MANAGEMENT_GUIDE, MANAGEMENT_TOOL_NAMES, MANAGEMENT_TOOLS, Management
 
-__all__ = ["MANAGEMENT_TOOLS", "PRESENT_RESULT", "Dialog", "llm_dialog"]
+__all__ = ["PRESENT_RESULT", "Dialog", "llm_dialog"]
 
 log = logging.getLogger("celldialog.dialog")
 
-MANAGEMENT_TOOLS = ("read", "invoke", "schema", "pin", "unpin", "updateArgument")
 PRESENT_RESULT = "presentResult"
 ERROR_PREFIX = "I encountered an error generating a response"
 PARTIAL_INTERVAL = 0.25  # seconds between writes of streamed text into `partial`
@@ -77,13 +78,14 @@ class Dialog:
     error: Cell
     usage: Cell
     dropped: Cell
+    pinned_cells: Cell
     flattened_tools: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class _ToolSpec:
     tool: Tool
-    stream: Stream | None  # None: presentResult
+    stream: Stream | None  # None: a built-in tool (management, presentResult)
 
 
 def llm_dialog(messages: Cell, *, system: str | None = None,
@@ -102,18 +104,19 @@ def llm_dialog(messages: Cell, *, system: str | None = None,
     catalog = _catalog(tools or {}, builtin_tools, result_schema)
     node = BuiltinNode("llm_dialog", [messages, *context.values()], name=name)
     turn = _Turns(node, messages, system, catalog, model, max_tokens, context, max_steps,
-                  result_schema)
+                  builtin_tools is not False)
     return Dialog(
         pending=turn.pending, add_message=turn.add_stream, cancel_generation=turn.cancel_stream,
         result=turn.result, partial=turn.partial, error=turn.error, usage=turn.usage,
-        dropped=turn.dropped,
+        dropped=turn.dropped, pinned_cells=turn.pins,
         flattened_tools=[s.tool.model_dump(mode="json") for s in catalog.values()],
     )
 
 
 def _catalog(tools: Mapping[str, Any], builtin_tools: bool,
              result_schema: dict[str, Any] | None) -> dict[str, _ToolSpec]:
-    reserved = {PRESENT_RESULT, *(MANAGEMENT_TOOLS if builtin_tools is not False else ())}
+    builtins_on = builtin_tools is not False
+    reserved = {PRESENT_RESULT, *(MANAGEMENT_TOOL_NAMES if builtins_on else ())}
     out: dict[str, _ToolSpec] = {}
     for tool_name, spec in tools.items():
         if tool_name in reserved:
@@ -132,6 +135,9 @@ def _catalog(tools: Mapping[str, Any], builtin_tools: bool,
         out[tool_name] = _ToolSpec(
             Tool(name=tool_name, description=spec.get("description", ""),
                  input_schema=_inline_refs(schema)), stream)
+    if builtins_on:  # after the pattern's own tools, before presentResult
+        for tool in MANAGEMENT_TOOLS:
+            out[tool.name] = _ToolSpec(tool, None)
     if result_schema is not None:
         out[PRESENT_RESULT] = _ToolSpec(Tool(
             name=PRESENT_RESULT,
@@ -147,10 +153,11 @@ class _Run:
     """What one turn's task keeps to itself (a cancelled turn still winding down never
     shares it with the next one)."""
 
-    __slots__ = ("last_partial", "present", "text", "turn_id")
+    __slots__ = ("last_partial", "management", "present", "text", "turn_id")
 
     def __init__(self, turn_id: str, now: float) -> None:
         self.turn_id = turn_id
+        self.management: Management | None = None
         self.text = ""
         self.last_partial = now
         self.present: Any = _NOTHING
@@ -162,7 +169,7 @@ class _Turns:
     def __init__(self, node: BuiltinNode, messages: Cell, system: str | None,
                  catalog: dict[str, _ToolSpec], model: str | Model | None,
                  max_tokens: int | None, context: dict[str, Cell], max_steps: int,
-                 result_schema: dict[str, Any] | None) -> None:
+                 builtins_on: bool) -> None:
         self.node = node
         self.messages = messages
         self.system = system or ""
@@ -171,6 +178,7 @@ class _Turns:
         self.max_tokens = max_tokens
         self.context = context
         self.max_steps = max_steps
+        self.builtins_on = builtins_on
         self.pending = node.state("pending", False, bool)
         self.turn = node.state("turn", None)
         self.partial = node.state("partial", None)
@@ -178,6 +186,7 @@ class _Turns:
         self.usage = node.state("usage", dict(_USAGE_ZERO))
         self.result = node.state("result", None)
         self.dropped = node.state("dropped", 0, int)
+        self.pins = node.state("pins", [])
         self.add_stream = node.stream("add_message", self._on_add)
         self.cancel_stream = node.stream("cancel_generation", self._on_cancel)
         self._scopes: dict[str, anyio.CancelScope] = {}
@@ -243,12 +252,14 @@ class _Turns:
         run = _Run(turn_id, rt.clock())
         try:
             model = self._resolve(rt)
+            run.management = Management(rt, pins=self.pins, space=self.node.space,
+                                        scope=self.node.scope.key)
             history = tuple(Message.model_validate(m) for m in self.messages.get())
             stable = len(history)
 
             def build(history_now: Any, step: int) -> Request:
                 return Request(
-                    system=self._system_prompt(), messages=tuple(history_now),
+                    system=self._system_prompt(run), messages=tuple(history_now),
                     tools=tuple(s.tool for s in self.catalog.values()),
                     max_tokens=self.max_tokens,
                     cache=CacheHint(prefix=True, stable_messages=stable, key=self.node.cause),
@@ -312,9 +323,13 @@ class _Turns:
     def _execute(self, rt: Runtime, run: _Run) -> Any:
         async def execute(call: ToolUse) -> Any:
             spec = self.catalog[call.name]  # the engine checked the name and arguments
-            if spec.stream is None:  # presentResult: the last call wins
+            if call.name == PRESENT_RESULT:  # the last call wins
                 run.present = call.input
                 return "Result presented."
+            if spec.stream is None:  # a management tool
+                assert run.management is not None
+                outcome = await run.management.call(call.name, call.input)
+                return outcome.as_tool_result(call.id)
             await rt.send(spec.stream, call.input)
             return f"{call.name} done."
 
@@ -341,19 +356,17 @@ class _Turns:
             self.pending.set(False)
             self.turn.set(None)
 
-    def _system_prompt(self) -> str:
+    def _system_prompt(self, run: _Run) -> str:
+        """Rebuilt each step: the pattern's system prompt, the guide to cells (built-ins on),
+        then "# Available Cells" (context first, then pins). Stable while nothing changes:
+        it is the cacheable prefix of every request."""
         parts = [self.system] if self.system else []
-        if self.context:
-            lines = ["# Available Cells"]
-            for key, c in self.context.items():
-                lines.append(f"## {key}")
-                if c.schema is not None:
-                    lines.append("schema: " + json.dumps(c.schema, sort_keys=True))
-                text = json.dumps(c.get(None), sort_keys=True, ensure_ascii=False)
-                if len(text) > VALUE_LIMIT:
-                    text = text[: VALUE_LIMIT - 3] + "..."
-                lines.append("value: " + text)
-            parts.append("\n".join(lines))
+        if self.builtins_on:
+            parts.append(MANAGEMENT_GUIDE)
+        assert run.management is not None
+        cells = run.management.available_cells(self.context, value_limit=VALUE_LIMIT)
+        if cells:
+            parts.append(cells)
         return "\n\n".join(parts)
 
 
