@@ -13,6 +13,8 @@ from pydantic import BaseModel
 from runtime import PatternError, Runtime, cell, handler, llm_dialog, pattern
 from runtime.llm import Message, Reply, Request, ScriptedModel, StreamEvent, call
 
+from .llm.test_steps import assert_valid_for_both_providers
+
 pytestmark = pytest.mark.anyio
 
 
@@ -180,6 +182,8 @@ async def test_cancel_during_the_first_of_two_tool_calls_answers_both():
         assert sorted(r.tool_use_id for r in answered) == sorted(calls)
         assert all(r.is_error and "cancelled" in r.content for r in answered)
         assert inst.result.key("pending").get() is False
+        # the next turn's request is valid for both providers' adapters
+        assert_valid_for_both_providers([*history, Message.text("user", "next")])
 
 
 @pytest.mark.parametrize("script, expect", [
@@ -365,3 +369,26 @@ async def test_management_tools_work_inside_a_turn_and_pins_reach_the_next_step(
         [refused] = [b for m in bob.result.key("messages").get() for b in m["blocks"]
                      if b["kind"] == "tool_result"]
         assert refused["is_error"] and "eggs" not in refused["content"]
+
+
+async def test_the_request_prefix_is_byte_identical_across_steps_and_turns():
+    import json as _json
+
+    model = ScriptedModel([Reply(tool_calls=[call("addItem", {"title": "a"})]), "ok", "again"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        await inst.send("send", "go")
+        await rt.settled()
+        first, second = model.requests  # two steps of one turn; the tool changed `items`
+        assert first.tools == second.tools and first.cache == second.cache
+        assert first.cache.prefix and first.cache.key
+        await inst.send("send", "more")  # a new turn, context unchanged since the last step
+        await rt.settled()
+        third = model.requests[2]
+
+        def prefix(r: Request) -> str:
+            return _json.dumps([r.system, [t.model_dump(mode="json") for t in r.tools]])
+
+        assert prefix(third) == prefix(second)
+        assert prefix(first) != prefix(second)  # the context value changed in between
+        assert third.cache.key == first.cache.key
