@@ -38,7 +38,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .builtins import Dialog, llm_dialog
+    from .builtins import Dialog, llm_dialog, tool_result
     from .cells import (
         Cell,
         Change,
@@ -64,7 +64,7 @@ _LAZY = {
         "runtime.cells",
     ),
     **dict.fromkeys(("MemoryStore", "SQLiteStore", "Store"), "runtime.storage"),
-    **dict.fromkeys(("Dialog", "llm_dialog"), "runtime.builtins"),
+    **dict.fromkeys(("Dialog", "llm_dialog", "tool_result"), "runtime.builtins"),
 }
 
 __all__ = [
@@ -107,6 +107,7 @@ __all__ = [
     "lift",
     "llm_dialog",
     "pattern",
+    "tool_result",
 ]
 
 

@@ -392,3 +392,31 @@ async def test_the_request_prefix_is_byte_identical_across_steps_and_turns():
         assert prefix(third) == prefix(second)
         assert prefix(first) != prefix(second)  # the context value changed in between
         assert third.cache.key == first.cache.key
+
+
+async def test_a_handler_tool_answers_with_what_it_writes_to_its_result_cell():
+    from runtime import tool_result
+
+    @handler
+    def add_counted(event: AddItem, items):
+        items.push(event.title)
+        tool_result().set({"added": event.title, "count": len(items.get())})
+
+    @pattern
+    def agent():
+        items = cell(["x"], name="items")
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, tools={"addItem": add_counted(items=items)},
+                          builtin_tools=False)
+        return {"messages": messages, "send": chat.add_message, "add": add_counted(items=items)}
+
+    model = ScriptedModel([Reply(tool_calls=[call("addItem", {"title": "milk"})]), "ok"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(agent)
+        await inst.send("send", "add milk")
+        await rt.settled()
+        [result] = [b for m in inst.result.key("messages").get() for b in m["blocks"]
+                    if b["kind"] == "tool_result"]
+        assert not result["is_error"] and '"count":2' in result["content"].replace(" ", "")
+        with pytest.raises(PatternError, match="only known while a dialog runs"):
+            await inst.send("add", {"title": "direct"})  # not a tool call: no result cell

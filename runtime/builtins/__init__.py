@@ -3,6 +3,6 @@ and ``generate_object``). The one room that knows both the cell graph (``runtime
 the LLM port (``runtime.llm``) and joins them; the mechanism they use is
 ``runtime.cells.builtin.BuiltinNode``."""
 
-from .llm_dialog import Dialog, llm_dialog
+from .llm_dialog import Dialog, llm_dialog, tool_result
 
-__all__ = ["Dialog", "llm_dialog"]
+__all__ = ["Dialog", "llm_dialog", "tool_result"]

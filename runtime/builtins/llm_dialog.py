@@ -23,6 +23,7 @@ import json
 import logging
 import uuid
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ from ..llm import (
 )
 from .management import MANAGEMENT_GUIDE, MANAGEMENT_TOOL_NAMES, MANAGEMENT_TOOLS, Management
 
-__all__ = ["PRESENT_RESULT", "Dialog", "llm_dialog"]
+__all__ = ["PRESENT_RESULT", "Dialog", "llm_dialog", "tool_result"]
 
 log = logging.getLogger("celldialog.dialog")
 
@@ -148,6 +149,19 @@ def _catalog(tools: Mapping[str, Any], builtin_tools: bool,
 
 _NOTHING: Any = object()
 
+_tool_result: ContextVar[Cell | None] = ContextVar("celldialog_tool_result", default=None)
+
+
+def tool_result() -> Cell:
+    """Inside a handler the dialog runs as a tool: the cell whose value becomes the tool's
+    result for the model (``tool_result().set({"added": title})``). Without a write the
+    model is told "<tool> done."."""
+    cell = _tool_result.get()
+    if cell is None:
+        raise PatternError(
+            "tool_result() is only known while a dialog runs this handler as a tool call")
+    return cell
+
 
 class _Run:
     """What one turn's task keeps to itself (a cancelled turn still winding down never
@@ -187,6 +201,7 @@ class _Turns:
         self.result = node.state("result", None)
         self.dropped = node.state("dropped", 0, int)
         self.pins = node.state("pins", [])
+        self.tool_output = node.state("tool_output", None)  # what a handler tool answers
         self.add_stream = node.stream("add_message", self._on_add)
         self.cancel_stream = node.stream("cancel_generation", self._on_cancel)
         self._scopes: dict[str, anyio.CancelScope] = {}
@@ -330,8 +345,15 @@ class _Turns:
                 assert run.management is not None
                 outcome = await run.management.call(call.name, call.input)
                 return outcome.as_tool_result(call.id)
-            await rt.send(spec.stream, call.input)
-            return f"{call.name} done."
+            with rt.transaction():
+                self.tool_output.set(None)
+            token = _tool_result.set(self.tool_output)
+            try:
+                await rt.send(spec.stream, call.input)
+            finally:
+                _tool_result.reset(token)
+            output = self.tool_output.get()
+            return output if output is not None else f"{call.name} done."
 
         return execute
 
