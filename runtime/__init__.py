@@ -38,7 +38,14 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .builtins import Dialog, llm_dialog, tool_result
+    from .builtins import (
+        Dialog,
+        Generation,
+        generate_object,
+        generate_text,
+        llm_dialog,
+        tool_result,
+    )
     from .cells import (
         Cell,
         Change,
@@ -64,7 +71,8 @@ _LAZY = {
         "runtime.cells",
     ),
     **dict.fromkeys(("MemoryStore", "SQLiteStore", "Store"), "runtime.storage"),
-    **dict.fromkeys(("Dialog", "llm_dialog", "tool_result"), "runtime.builtins"),
+    **dict.fromkeys(("Dialog", "Generation", "generate_object", "generate_text", "llm_dialog",
+                    "tool_result"), "runtime.builtins"),
 }
 
 __all__ = [
@@ -77,6 +85,7 @@ __all__ = [
     "ConflictError",
     "CycleError",
     "Dialog",
+    "Generation",
     "Handler",
     "Instance",
     "LinkError",
@@ -103,6 +112,8 @@ __all__ = [
     "computed",
     "current_instance",
     "current_runtime",
+    "generate_object",
+    "generate_text",
     "handler",
     "lift",
     "llm_dialog",
