@@ -61,6 +61,7 @@ log = logging.getLogger("celldialog.dialog")
 PRESENT_RESULT = "presentResult"
 ERROR_PREFIX = "I encountered an error generating a response"
 PARTIAL_INTERVAL = 0.25  # seconds between writes of streamed text into `partial`
+TAKEOVER_AFTER = 300.0  # seconds without a heartbeat after which a pending turn is dead
 VALUE_LIMIT = 2000  # characters of a context cell's value shown to the model
 
 _USAGE_ZERO = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
@@ -93,9 +94,13 @@ def llm_dialog(messages: Cell, *, system: str | None = None,
                tools: Mapping[str, Any] | None = None, model: str | Model | None = None,
                max_tokens: int | None = None, context: Mapping[str, Cell] | None = None,
                builtin_tools: bool = True, result_schema: dict[str, Any] | None = None,
-               max_steps: int = 50, name: str | None = None) -> Dialog:
+               max_steps: int = 50, name: str | None = None,
+               takeover_after: float = TAKEOVER_AFTER) -> Dialog:
     """A dialog over ``messages`` (a cell holding the port's messages as JSON). Call it
-    inside a ``@pattern``; send a string (or a user message) to ``add_message``."""
+    inside a ``@pattern``; send a string (or a user message) to ``add_message``.
+
+    ``takeover_after`` (seconds of the runtime's clock): a turn whose heartbeat is older is
+    taken to be dead (its process stopped), and the next message starts a new turn."""
     if not isinstance(messages, Cell):
         raise PatternError(f"llm_dialog(messages=...) takes a Cell, got {messages!r}")
     context = dict(context or {})
@@ -105,7 +110,7 @@ def llm_dialog(messages: Cell, *, system: str | None = None,
     catalog = _catalog(tools or {}, builtin_tools, result_schema)
     node = BuiltinNode("llm_dialog", [messages, *context.values()], name=name)
     turn = _Turns(node, messages, system, catalog, model, max_tokens, context, max_steps,
-                  builtin_tools is not False)
+                  builtin_tools is not False, takeover_after)
     return Dialog(
         pending=turn.pending, add_message=turn.add_stream, cancel_generation=turn.cancel_stream,
         result=turn.result, partial=turn.partial, error=turn.error, usage=turn.usage,
@@ -183,7 +188,7 @@ class _Turns:
     def __init__(self, node: BuiltinNode, messages: Cell, system: str | None,
                  catalog: dict[str, _ToolSpec], model: str | Model | None,
                  max_tokens: int | None, context: dict[str, Cell], max_steps: int,
-                 builtins_on: bool) -> None:
+                 builtins_on: bool, takeover_after: float) -> None:
         self.node = node
         self.messages = messages
         self.system = system or ""
@@ -193,6 +198,7 @@ class _Turns:
         self.context = context
         self.max_steps = max_steps
         self.builtins_on = builtins_on
+        self.takeover_after = takeover_after
         self.pending = node.state("pending", False, bool)
         self.turn = node.state("turn", None)
         self.partial = node.state("partial", None)
@@ -212,19 +218,26 @@ class _Turns:
 
     def _on_add(self, event: Any) -> None:
         message = _user_message(event)
+        rt = self._rt = current_runtime()
+        now = rt.clock()
         if self.pending.get():
-            # seed 003: a message while a turn runs is ignored; counted, never silent
-            self.dropped.set(self.dropped.get() + 1)
-            log.info("%s: a message arrived while a turn is pending; ignored (cancel the "
-                     "turn before sending a replacement)", self.node.label)
-            return
+            turn = self.turn.get() or {}
+            if now - turn.get("heartbeat", now) <= self.takeover_after:
+                # seed 003: a message while a turn runs is ignored; counted, never silent
+                self.dropped.set(self.dropped.get() + 1)
+                log.info("%s: a message arrived while a turn is pending; ignored (cancel "
+                         "the turn before sending a replacement)", self.node.label)
+                return
+            # its owner has not written for longer than the bound: the turn is dead
+            log.warning("%s: taking over turn %s, silent for %.0f s", self.node.label,
+                        turn.get("id"), now - turn.get("heartbeat", now))
+            self._cancel()
         turn_id = uuid.uuid4().hex
         self.pending.set(True)
-        self.turn.set(turn_id)
+        self.turn.set({"id": turn_id, "heartbeat": now})
         self.error.set(None)
         self.partial.set(None)
         self.messages.push(message.model_dump(mode="json"))
-        rt = self._rt = current_runtime()
         self._scopes[turn_id] = self.node.spawn(self._run, rt, turn_id,
                                                 name=f"{self.node.label} turn")
 
@@ -236,7 +249,7 @@ class _Turns:
         unanswered tool calls answered, its task cancelled."""
         if not self.pending.get():
             return
-        turn_id = self.turn.get()
+        turn_id = (self.turn.get() or {}).get("id")
         self.pending.set(False)
         self.turn.set(None)
         self.partial.set(None)
@@ -303,8 +316,13 @@ class _Turns:
         return resolve_model(chosen) if isinstance(chosen, str) else chosen
 
     def _guarded(self, rt: Runtime, turn_id: str) -> bool:
-        """Inside a transaction: may this turn still write?"""
-        return self.turn.get() == turn_id and bool(self.pending.get())
+        """Inside a transaction: may this turn still write? If so, its heartbeat is renewed
+        in the same commit (a turn records a heartbeat with each write)."""
+        turn = self.turn.get()
+        if not (isinstance(turn, dict) and turn.get("id") == turn_id and self.pending.get()):
+            return False
+        self.turn.set({"id": turn_id, "heartbeat": rt.clock()})
+        return True
 
     def _append(self, rt: Runtime, run: _Run, message: Message) -> None:
         with rt.transaction():

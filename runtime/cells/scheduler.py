@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CycleError, LinkError, PatternError, StreamError
+from ..errors import ConflictError, CycleError, LinkError, PatternError, StreamError
 from . import signals
 from .documents import Documents, Transaction, TxState, current_transaction
 from .jsonpath import Path, check_json, copy_json, pointer
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .cell import Stream
 
 MAX_CHAIN = 1000
+CONFLICT_RETRIES = 3  # reruns of a handler whose commit met another process's write
 
 
 class Event:
@@ -105,10 +106,34 @@ class Scheduler:
             self._draining = False
 
     def _run(self, ev: Event) -> None:
+        """Run one event's handler in its own transaction. If the commit finds that another
+        process changed a document the handler read (``ConflictError``), the runtime has
+        caught up with the store and the handler runs again on the new state: a handler is
+        a function of state and event, so a rerun is what it would have done had it been
+        second. After ``CONFLICT_RETRIES`` reruns the conflict is the event's error."""
         stream = ev.stream
         self.current = ev
-        tx = self._tx = Transaction(self.docs, synchronous=True)
         token = _running.set(stream)
+        try:
+            for attempt in range(CONFLICT_RETRIES + 1):
+                try:
+                    self._attempt(ev)
+                    break
+                except ConflictError:
+                    if attempt == CONFLICT_RETRIES:
+                        raise
+        except Exception as e:
+            ev.error = e
+            if not ev.awaited:
+                self.docs.report(e, f"handler {stream.name}")
+        finally:
+            _running.reset(token)
+            self._tx = None
+            self.current = None
+
+    def _attempt(self, ev: Event) -> None:
+        stream = ev.stream
+        tx = self._tx = Transaction(self.docs, synchronous=True)
         try:
             if stream.stopped:
                 raise StreamError(f"{stream!r} was stopped before its event ran")
@@ -126,18 +151,12 @@ class Scheduler:
                     "are synchronous; start async work with current_runtime().spawn(...)"
                 )
             tx.commit()
-            for target, payload in tx.outbox:
-                self._push(target, payload, ev)
-        except Exception as e:
+        except BaseException:
             if tx.state is TxState.OPEN:
                 tx.abort()
-            ev.error = e
-            if not ev.awaited:
-                self.docs.report(e, f"handler {stream.name}")
-        finally:
-            _running.reset(token)
-            self._tx = None
-            self.current = None
+            raise
+        for target, payload in tx.outbox:
+            self._push(target, payload, ev)
 
 
 _running: ContextVar[Stream | None] = ContextVar("celldialog_handler", default=None)
