@@ -452,3 +452,53 @@ async def test_a_second_process_ignores_a_live_turn_and_takes_over_a_dead_one(tm
     async with Runtime(store=store) as rt:
         final = rt.run(todo_agent, user="u", session="s").result.key("messages").get()
         assert [m["blocks"][0]["text"] for m in final] == ["one", "two", "from B"]
+
+
+async def test_the_pattern_pins_cells_and_unpins_them_all():
+    @pattern
+    def agent():
+        notes = cell("call me Ada", name="notes")
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages)
+        return {"notes": notes, "send": chat.add_message, "pin": chat.pin_cell,
+                "unpin_all": chat.unpin_all_cells, "pinned": chat.pinned_cells}
+
+    model = ScriptedModel(["one", "two"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(agent)
+        notes_link = inst.result.key("notes").link()
+        await inst.send("pin", {"path": notes_link, "name": "notes"})
+        await inst.send("pin", {"path": notes_link, "name": "notes"})  # twice: one pin
+        assert len(inst.result.key("pinned").get()) == 1
+        await inst.send("send", "hi")
+        await rt.settled()
+        assert "## notes" in model.requests[0].system and "call me Ada" in model.requests[0].system
+        await inst.send("unpin_all", None)
+        await inst.send("send", "again")
+        await rt.settled()
+        assert "call me Ada" not in model.requests[1].system
+        with pytest.raises(PatternError, match="pin_cell takes"):
+            await inst.send("pin", {"path": 5})
+
+
+async def test_an_explicit_input_schema_wins_over_the_event_schema():
+    explicit = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 5}},
+                "required": ["title"]}
+
+    @pattern
+    def agent():
+        items = cell([], name="items")
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, builtin_tools=False, tools={
+            "addItem": {"handler": add_item(items=items), "input_schema": explicit}})
+        return {"send": chat.add_message, "items": items, "messages": messages}
+
+    model = ScriptedModel([Reply(tool_calls=[call("addItem", {"title": "too long"})]), "ok"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(agent)
+        await inst.send("send", "go")
+        await rt.settled()
+        assert model.requests[0].tools[0].input_schema == explicit
+        [result] = [b for m in inst.result.key("messages").get() for b in m["blocks"]
+                    if b["kind"] == "tool_result"]
+        assert result["is_error"] and inst.result.key("items").get() == []

@@ -81,6 +81,8 @@ class Dialog:
     usage: Cell
     dropped: Cell
     pinned_cells: Cell
+    pin_cell: Stream
+    unpin_all_cells: Stream
     flattened_tools: list[dict[str, Any]]
 
 
@@ -114,7 +116,8 @@ def llm_dialog(messages: Cell, *, system: str | None = None,
     return Dialog(
         pending=turn.pending, add_message=turn.add_stream, cancel_generation=turn.cancel_stream,
         result=turn.result, partial=turn.partial, error=turn.error, usage=turn.usage,
-        dropped=turn.dropped, pinned_cells=turn.pins,
+        dropped=turn.dropped, pinned_cells=turn.pins, pin_cell=turn.pin_stream,
+        unpin_all_cells=turn.unpin_all_stream,
         flattened_tools=[s.tool.model_dump(mode="json") for s in catalog.values()],
     )
 
@@ -153,6 +156,9 @@ def _catalog(tools: Mapping[str, Any], builtin_tools: bool,
 
 
 _NOTHING: Any = object()
+
+_PIN_EVENT = {"type": "object", "required": ["path"], "properties": {
+    "path": {"asCell": True}, "name": {"type": "string"}}}
 
 _tool_result: ContextVar[Cell | None] = ContextVar("celldialog_tool_result", default=None)
 
@@ -210,6 +216,8 @@ class _Turns:
         self.tool_output = node.state("tool_output", None)  # what a handler tool answers
         self.add_stream = node.stream("add_message", self._on_add)
         self.cancel_stream = node.stream("cancel_generation", self._on_cancel)
+        self.pin_stream = node.stream("pin_cell", self._on_pin, event=_PIN_EVENT)
+        self.unpin_all_stream = node.stream("unpin_all_cells", self._on_unpin_all)
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._rt: Runtime | None = None  # known once a turn was accepted here
         node.on_stop(self._stop)
@@ -243,6 +251,29 @@ class _Turns:
 
     def _on_cancel(self, event: Any) -> None:
         self._cancel()
+
+    def _on_pin(self, event: dict[str, Any]) -> None:
+        """From the pattern's side: show a cell under "# Available Cells" from the next step
+        on, as the model's ``pin`` does (``{"path": cell.link() or "/<id>/<path>", "name"}``)."""
+        path = event["path"]
+        if is_link(path):
+            entry = {"path": path["@link"], "name": event.get("name") or path["@link"]}
+            if path.get("scope"):
+                entry["scope"] = path["scope"]
+        elif isinstance(path, str) and path.startswith("/"):
+            entry = {"path": path, "name": event.get("name") or path}
+        else:
+            raise PatternError(
+                "pin_cell takes {'path': <a cell's link, cell.link(), or '/<id>/<path>'>, "
+                f"'name': '...'}}, got path {str(path)[:80]!r}")
+        pins = self.pins.get() or []
+        if any(p.get("path") == entry["path"] and p.get("scope") == entry.get("scope")
+               for p in pins):
+            return  # already pinned
+        self.pins.push(entry)
+
+    def _on_unpin_all(self, event: Any) -> None:
+        self.pins.set([])
 
     def _cancel(self) -> None:
         """End the pending turn now (in the caller's transaction): pending false, its
