@@ -1,5 +1,5 @@
-"""The examples in docs/runtime.md and the README's quickstart run as written (the README's
-twice on one SQLite file: the second run finds the first's documents)."""
+"""The examples in docs/runtime.md and the README run as written (the quickstart twice on one
+SQLite file: the second run finds the first's documents; the dialog offline)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,9 @@ def test_readme_quickstart_runs_twice(tmp_path, monkeypatch, capsys) -> None:
              {"__name__": "readme"})
     out = capsys.readouterr().out
     assert "['milk']" in out and "['milk', 'milk']" in out
+
+
+def test_readme_dialog_example_runs(capsys) -> None:
+    [dialog] = [b for b in _blocks(ROOT / "README.md") if "llm_dialog" in b]
+    exec(compile(dialog, "README dialog", "exec", dont_inherit=True), {"__name__": "readme"})
+    assert capsys.readouterr().out.strip().endswith("['milk']")
