@@ -10,7 +10,7 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from runtime import PatternError, Runtime, cell, handler, llm_dialog, pattern
+from runtime import PatternError, Runtime, cell, handler, lift, llm_dialog, pattern
 from runtime.llm import Message, Reply, Request, ScriptedModel, StreamEvent, call
 
 from .llm.test_steps import assert_valid_for_both_providers
@@ -502,3 +502,36 @@ async def test_an_explicit_input_schema_wins_over_the_event_schema():
         [result] = [b for m in inst.result.key("messages").get() for b in m["blocks"]
                     if b["kind"] == "tool_result"]
         assert result["is_error"] and inst.result.key("items").get() == []
+
+
+async def test_a_pattern_tool_runs_fresh_and_cannot_write_the_callers_cells():
+    @pattern(name="shout")
+    def shout(text: str):
+        loud = lift(lambda t: t.upper())(text)
+        return {"loud": loud}
+
+    @pattern
+    def agent():
+        items = cell(["keep"], name="items")
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, builtin_tools=False,
+                          tools={"shout": {"description": "Shout", "pattern": shout}})
+        return {"send": chat.add_message, "items": items, "messages": messages}
+
+    async with Runtime() as rt:
+        inst = rt.run(agent)
+        items_link = inst.result.raw()["items"]
+        rt.model = ScriptedModel([
+            Reply(tool_calls=[call("shout", {"text": "hi"}),
+                              call("shout", {"text": items_link})]),
+            "done",
+        ])
+        await inst.send("send", "shout")
+        await rt.settled()
+        first, second = [b for m in inst.result.key("messages").get() for b in m["blocks"]
+                         if b["kind"] == "tool_result"]
+        assert not first["is_error"] and '"loud":"HI"' in first["content"].replace(" ", "")
+        assert "@resultLocation" in first["content"]
+        assert second["is_error"]  # a link to the caller's cell is refused as an argument
+        assert inst.result.key("items").get() == ["keep"]
+        assert rt.model.requests[0].tools[0].input_schema["required"] == ["text"]

@@ -29,7 +29,7 @@ from typing import Any
 
 import anyio
 
-from ..cells import Cell, Stream, current_runtime
+from ..cells import Cell, Pattern, Stream, current_runtime
 from ..cells.builtin import BuiltinNode
 from ..cells.jsonpath import is_link
 from ..cells.runtime import Runtime
@@ -89,7 +89,8 @@ class Dialog:
 @dataclass(frozen=True)
 class _ToolSpec:
     tool: Tool
-    stream: Stream | None  # None: a built-in tool (management, presentResult)
+    stream: Stream | None  # None: a pattern tool or a built-in (management, presentResult)
+    pattern: Pattern | None = None  # a pattern tool: run fresh for each call
 
 
 def llm_dialog(messages: Cell, *, system: str | None = None,
@@ -135,15 +136,23 @@ def _catalog(tools: Mapping[str, Any], builtin_tools: bool,
                 f"tool name {tool_name!r} is reserved for the dialog's built-in tools: {remedy}")
         if isinstance(spec, Stream):
             spec = {"handler": spec}
+        elif isinstance(spec, Pattern):
+            spec = {"pattern": spec}
         stream = spec.get("handler") if isinstance(spec, Mapping) else None
-        if not isinstance(stream, Stream):
+        tool_pattern = spec.get("pattern") if isinstance(spec, Mapping) else None
+        if isinstance(stream, Stream):
+            schema = spec.get("input_schema") or stream.event_schema or {"type": "object"}
+        elif isinstance(tool_pattern, Pattern):
+            schema = spec.get("input_schema") or tool_pattern.argument_schema
+        else:
             raise PatternError(
-                f"tool {tool_name!r} needs a bound handler: "
-                "{'description': '...', 'handler': my_handler(state=cell)}")
-        schema = spec.get("input_schema") or stream.event_schema or {"type": "object"}
+                f"tool {tool_name!r} needs a bound handler or a pattern: "
+                "{'description': '...', 'handler': my_handler(state=cell)} or "
+                "{'description': '...', 'pattern': my_pattern}")
         out[tool_name] = _ToolSpec(
             Tool(name=tool_name, description=spec.get("description", ""),
-                 input_schema=_inline_refs(schema)), stream)
+                 input_schema=_inline_refs(schema)), stream,
+            tool_pattern if isinstance(tool_pattern, Pattern) else None)
     if builtins_on:  # after the pattern's own tools, before presentResult
         for tool in MANAGEMENT_TOOLS:
             out[tool.name] = _ToolSpec(tool, None)
@@ -390,6 +399,8 @@ class _Turns:
             if call.name == PRESENT_RESULT:  # the last call wins
                 run.present = call.input
                 return "Result presented."
+            if spec.pattern is not None:
+                return self._run_pattern_tool(rt, spec.pattern, call)
             if spec.stream is None:  # a management tool
                 assert run.management is not None
                 outcome = await run.management.call(call.name, call.input)
@@ -405,6 +416,17 @@ class _Turns:
             return output if output is not None else f"{call.name} done."
 
         return execute
+
+    def _run_pattern_tool(self, rt: Runtime, tool: Pattern, call: ToolUse) -> dict[str, Any]:
+        """A pattern tool runs in a fresh instance (cause: the tool call's id) in the
+        dialog's space and scope. It gets the model's input as its arguments (values: links
+        there are refused unless its argument schema asks for one), so it cannot write the
+        caller's cells; the model gets where its result lives and what it holds."""
+        scope = self.node.scope
+        inst = rt.run(tool, call.input, space=self.node.space, user=scope.user,
+                      session=scope.session, cause=["tool call", self.node.cause, call.id])
+        return {"@resultLocation": inst.result.link()["@link"],
+                "result": inst.result.get(None), "schema": tool.argument_schema}
 
     def _finish(self, rt: Runtime, turn_id: str, outcome: StepsOutcome) -> None:
         if outcome.status is StepsStatus.COMPLETED:
