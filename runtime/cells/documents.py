@@ -17,6 +17,7 @@ task or process committed in between fails with ``ConflictError`` and changes no
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -77,6 +78,14 @@ def current_transaction() -> Transaction | None:
 
 
 def _task_id() -> int | None:
+    """The running task's identity: asyncio's own (a cheap C call) where it runs, anyio's
+    for other backends, None in plain synchronous code."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no asyncio loop running here
+        task = None
+    if task is not None:
+        return id(task)
     try:
         return anyio.get_current_task().id
     except Exception:  # no event loop: plain synchronous code
