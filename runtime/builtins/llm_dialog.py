@@ -187,7 +187,7 @@ class _Run:
     """What one turn's task keeps to itself (a cancelled turn still winding down never
     shares it with the next one)."""
 
-    __slots__ = ("last_partial", "management", "present", "text", "turn_id")
+    __slots__ = ("last_partial", "management", "present", "text", "turn_id", "usage")
 
     def __init__(self, turn_id: str, now: float) -> None:
         self.turn_id = turn_id
@@ -195,6 +195,7 @@ class _Run:
         self.text = ""
         self.last_partial = now
         self.present: Any = _NOTHING
+        self.usage: Usage | None = None  # reported, not written yet
 
 
 class _Turns:
@@ -335,17 +336,20 @@ class _Turns:
 
             sink = StepSink(
                 on_text=lambda delta: self._on_text(rt, run, delta),
-                on_usage=lambda usage: self._on_usage(rt, usage),
+                on_usage=lambda usage: self._on_usage(run, usage),
                 on_message=lambda message: self._append(rt, run, message),
             )
             outcome = await run_steps(model, build, execute=self._execute(rt, run),
                                       history=history, sink=sink, max_steps=self.max_steps)
-            self._finish(rt, turn_id, outcome)
+            self._finish(rt, run, outcome)
         except Exception as e:  # no path leaves a turn pending
             log.exception("%s: the turn failed", self.node.label)
-            self._end(rt, turn_id, f"{ERROR_PREFIX}: {e}", str(e))
+            self._end(rt, run, f"{ERROR_PREFIX}: {e}", str(e))
         finally:
             self._scopes.pop(turn_id, None)
+            if run.usage is not None:  # cut short after a call: its tokens still count
+                with rt.transaction():
+                    self._flush_usage(run)
 
     def _resolve(self, rt: Runtime) -> Model:
         chosen = self.model if self.model is not None else rt.model
@@ -365,7 +369,8 @@ class _Turns:
         return True
 
     def _append(self, rt: Runtime, run: _Run, message: Message) -> None:
-        with rt.transaction():
+        with rt.transaction():  # one commit: the message, its call's usage, the heartbeat
+            self._flush_usage(run)
             if not self._guarded(rt, run.turn_id):
                 return  # a late reply to a cancelled or replaced turn lands nowhere
             self.messages.push(_inert(message.model_dump(mode="json")))
@@ -386,12 +391,20 @@ class _Turns:
             if self._guarded(rt, run.turn_id):
                 self.partial.set(run.text)
 
-    def _on_usage(self, rt: Runtime, usage: Usage) -> None:
-        with rt.transaction():  # spent tokens count even for a turn cancelled since
-            total = dict(self.usage.get())
-            for k, v in usage.model_dump().items():
-                total[k] = total.get(k, 0) + v
-            self.usage.set(total)
+    @staticmethod
+    def _on_usage(run: _Run, usage: Usage) -> None:
+        run.usage = usage if run.usage is None else run.usage + usage  # written with the reply
+
+    def _flush_usage(self, run: _Run) -> None:
+        """Inside a transaction: add the turn's unwritten usage to ``usage`` (spent tokens
+        count even for a turn cancelled since, so this is not guarded)."""
+        if run.usage is None:
+            return
+        total = dict(self.usage.get())
+        for k, v in run.usage.model_dump().items():
+            total[k] = total.get(k, 0) + v
+        self.usage.set(total)
+        run.usage = None
 
     def _execute(self, rt: Runtime, run: _Run) -> Any:
         async def execute(call: ToolUse) -> Any:
@@ -428,19 +441,20 @@ class _Turns:
         return {"@resultLocation": inst.result.link()["@link"],
                 "result": inst.result.get(None), "schema": tool.argument_schema}
 
-    def _finish(self, rt: Runtime, turn_id: str, outcome: StepsOutcome) -> None:
+    def _finish(self, rt: Runtime, run: _Run, outcome: StepsOutcome) -> None:
         if outcome.status is StepsStatus.COMPLETED:
-            self._end(rt, turn_id, None, None)
+            self._end(rt, run, None, None)
         elif outcome.status is StepsStatus.MAX_STEPS:
             why = f"the turn reached its limit of {self.max_steps} model calls (max_steps)"
-            self._end(rt, turn_id, f"{ERROR_PREFIX}: {why}.", why)
+            self._end(rt, run, f"{ERROR_PREFIX}: {why}.", why)
         else:
             why = str(outcome.error) if outcome.error is not None else "the model failed"
-            self._end(rt, turn_id, f"{ERROR_PREFIX}: {why}", why)
+            self._end(rt, run, f"{ERROR_PREFIX}: {why}", why)
 
-    def _end(self, rt: Runtime, turn_id: str, text: str | None, error: str | None) -> None:
+    def _end(self, rt: Runtime, run: _Run, text: str | None, error: str | None) -> None:
         with rt.transaction():
-            if not self._guarded(rt, turn_id):
+            self._flush_usage(run)
+            if not self._guarded(rt, run.turn_id):
                 return
             if text is not None:
                 self.messages.push(Message.text(Role.ASSISTANT, text).model_dump(mode="json"))
