@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -352,8 +353,12 @@ async def program(data: st.DataObject) -> None:
                     e = exp[name]
                     if e.live is not None:
                         e.live = None
+                        # BUG (see test_a_cancel_mid_step_misreports_a_tool_that_ran, xfail):
+                        # the cancel answers *every* call of the step with TOOL_CANCELLED,
+                        # also those that already ran and committed (their items stay).
+                        # Modelled as the runtime behaves today so this test stays green.
                         for tid in step_calls.pop(name, []):
-                            e.tools[tid] = "cancelled"  # the whole step's calls (see below)
+                            e.tools[tid] = "cancelled"
                     with anyio.fail_after(WAIT):
                         await insts[name].send("cancel", None)
                     await settle()
@@ -392,3 +397,53 @@ async def program(data: st.DataObject) -> None:
 @given(st.data())
 def test_random_interleavings_keep_every_dialog_consistent(data: st.DataObject) -> None:
     anyio.run(program, data, backend="asyncio")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: _Turns._cancel answers every call of the step's assistant message with "
+    "TOOL_CANCELLED (_unanswered only sees results already in the history, and a step's "
+    "results are appended as one message after its last call), so a call that already ran "
+    "and committed is reported to the model as cancelled; run_steps' own results message, "
+    "which has the real result, is then dropped by the turn guard"))
+def test_a_cancel_mid_step_misreports_a_tool_that_ran() -> None:
+    """Minimal reproducer, found by the stateful test: two calls, the first runs (its item
+    is written), the cancel arrives while the second is in flight."""
+
+    async def main() -> None:
+        model = HeldModel()
+        async with Runtime(model=model) as rt:
+            inst = rt.run(todo_agent, user="u0", session="s0")
+            real_send = rt.send
+            entered, hold = anyio.Event(), anyio.Event()
+
+            async def held_send(stream: Any, event: Any) -> None:
+                if stream.name == "add_item" and event["title"] == "second":
+                    entered.set()
+                    await hold.wait()
+                await real_send(stream, event)
+
+            rt.send = held_send  # type: ignore[method-assign]
+            try:
+                await inst.send("send", "u0s0 m1")
+                with anyio.fail_after(WAIT):
+                    while not model.waiting:
+                        await anyio.lowlevel.checkpoint()
+                model.release(model.waiting[0], Reply(tool_calls=[
+                    call("addItem", {"title": "first"}, id="c1"),
+                    call("addItem", {"title": "second"}, id="c2")]))
+                with anyio.fail_after(WAIT):
+                    await entered.wait()
+                await inst.send("cancel", None)
+                hold.set()
+                with anyio.fail_after(WAIT):
+                    await rt.settled()
+            finally:
+                model.shutdown()
+            assert inst.result.key("items").get() == ["first"]  # the first call ran
+            [results] = [m for m in inst.result.key("messages").get()
+                         if any(b["kind"] == "tool_result" for b in m["blocks"])]
+            first = next(b for b in results["blocks"] if b["tool_use_id"] == "c1")
+            # today: {"content": "Tool call cancelled", "is_error": True}
+            assert not first["is_error"] and first["content"] == "addItem done."
+
+    anyio.run(main, backend="asyncio")
