@@ -269,7 +269,7 @@ async def program(data: st.DataObject) -> None:
     tools_waiting: list[HeldTool] = []
     exp = {f"{u}{s}": Expected(f"{u}{s}", u) for u in USERS for s in SESSIONS}
     items: dict[str, list[str]] = {u: [] for u in USERS}
-    # a step's tool calls, for the turn running them: id -> title, in call order
+    # instance -> the tool_use ids of the step its live turn is running (until it ends)
     step_calls: dict[str, list[str]] = {}
 
     async with Runtime(model=model) as rt:
@@ -392,7 +392,7 @@ async def program(data: st.DataObject) -> None:
             model.shutdown()
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
 def test_random_interleavings_keep_every_dialog_consistent(data: st.DataObject) -> None:
