@@ -187,7 +187,8 @@ class _Run:
     """What one turn's task keeps to itself (a cancelled turn still winding down never
     shares it with the next one)."""
 
-    __slots__ = ("last_partial", "management", "present", "text", "turn_id", "usage")
+    __slots__ = ("last_partial", "management", "present", "results", "text", "turn_id",
+                 "usage")
 
     def __init__(self, turn_id: str, now: float) -> None:
         self.turn_id = turn_id
@@ -196,6 +197,7 @@ class _Run:
         self.last_partial = now
         self.present: Any = _NOTHING
         self.usage: Usage | None = None  # reported, not written yet
+        self.results: dict[str, ToolResult] = {}  # the step's calls that finished, by id
 
 
 class _Turns:
@@ -229,6 +231,7 @@ class _Turns:
         self.pin_stream = node.stream("pin_cell", self._on_pin, event=_PIN_EVENT)
         self.unpin_all_stream = node.stream("unpin_all_cells", self._on_unpin_all)
         self._scopes: dict[str, anyio.CancelScope] = {}
+        self._runs: dict[str, _Run] = {}  # what each running turn of this process knows
         self._rt: Runtime | None = None  # known once a turn was accepted here
         node.on_stop(self._stop)
 
@@ -296,8 +299,11 @@ class _Turns:
         self.partial.set(None)
         unanswered = _unanswered(self.messages.get())
         if unanswered:  # the history stays valid for every provider
+            # calls of the step that already ran keep their real result (their writes
+            # stand); only those that had not finished are answered as cancelled
+            ran = self._runs[turn_id].results if turn_id in self._runs else {}
             self.messages.push(Message(role=Role.USER, blocks=tuple(
-                ToolResult(tool_use_id=i, content=TOOL_CANCELLED, is_error=True)
+                ran.get(i) or ToolResult(tool_use_id=i, content=TOOL_CANCELLED, is_error=True)
                 for i in unanswered)).model_dump(mode="json"))
         scope = self._scopes.pop(turn_id, None)
         if scope is not None:
@@ -318,7 +324,7 @@ class _Turns:
     # -- a turn ----------------------------------------------------------------------
 
     async def _run(self, rt: Runtime, turn_id: str) -> None:
-        run = _Run(turn_id, rt.clock())
+        run = self._runs[turn_id] = _Run(turn_id, rt.clock())
         try:
             model = self._resolve(rt)
             run.management = Management(rt, pins=self.pins, space=self.node.space,
@@ -338,6 +344,8 @@ class _Turns:
                 on_text=lambda delta: self._on_text(rt, run, delta),
                 on_usage=lambda usage: self._on_usage(run, usage),
                 on_message=lambda message: self._append(rt, run, message),
+                on_tool_result=lambda result: run.results.__setitem__(result.tool_use_id,
+                                                                      result),
             )
             outcome = await run_steps(model, build, execute=self._execute(rt, run),
                                       history=history, sink=sink, max_steps=self.max_steps)
@@ -347,6 +355,7 @@ class _Turns:
             self._end(rt, run, f"{ERROR_PREFIX}: {e}", str(e))
         finally:
             self._scopes.pop(turn_id, None)
+            self._runs.pop(turn_id, None)
             if run.usage is not None:  # cut short after a call: its tokens still count
                 with rt.transaction():
                     self._flush_usage(run)
@@ -375,6 +384,7 @@ class _Turns:
                 return  # a late reply to a cancelled or replaced turn lands nowhere
             self.messages.push(_inert(message.model_dump(mode="json")))
             if message.role is Role.ASSISTANT:
+                run.results.clear()  # a new step: its calls have not run yet
                 run.text = ""
                 self.partial.set(None)
             if run.present is not _NOTHING:  # presentResult: in the commit of its results

@@ -131,6 +131,9 @@ class StepSink:
       before anything later happens (the next tool call, the next model call), one at a
       time, in order, and is delivered even under cancellation (shielded): what
       ``on_message`` heard is always a valid history;
+    - ``on_tool_result(result)``: one tool call finished with ``result``, before the next
+      call starts (the step's results message follows when its last call is done; a caller
+      that ends a step early, by cancelling it, knows from these which calls really ran);
     - ``on_end(outcome)``: the run returned ``outcome`` (not called when it raises).
     """
 
@@ -138,6 +141,7 @@ class StepSink:
     on_text: Callable[[str], Awaitable[None] | None] | None = None
     on_usage: Callable[[Usage], Awaitable[None] | None] | None = None
     on_message: Callable[[Message], Awaitable[None] | None] | None = None
+    on_tool_result: Callable[[ToolResult], Awaitable[None] | None] | None = None
     on_end: Callable[[StepsOutcome], Awaitable[None] | None] | None = None
 
 
@@ -270,7 +274,9 @@ class _Run:
         try:
             for call in calls:
                 await checkpoint_if_cancelled()  # no tool starts once cancelled
-                results.append(await self.run_tool(call, advertised))
+                result = await self.run_tool(call, advertised)
+                results.append(result)
+                await _emit(self.sink.on_tool_result, result)
         finally:  # every call gets a result, whatever interrupted the loop
             results += [ToolResult(tool_use_id=c.id, content=TOOL_CANCELLED, is_error=True)
                         for c in calls[len(results):]]
