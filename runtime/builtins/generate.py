@@ -57,11 +57,18 @@ from ..llm import (
     StepsStatus,
     TextBlock,
     ToolUse,
-    resolve_model,
     run_steps,
 )
 from ..llm.errors import cap_message
-from .llm_dialog import PARTIAL_INTERVAL, PRESENT_RESULT, _catalog, _inert, _inline_refs, _ToolSpec
+from .llm_dialog import (
+    PARTIAL_INTERVAL,
+    PRESENT_RESULT,
+    _catalog,
+    _inert,
+    _inline_refs,
+    _ToolSpec,
+    model_for,
+)
 
 __all__ = ["Generation", "generate_object", "generate_text"]
 
@@ -356,13 +363,7 @@ class _Generation:
                 del flights[self.key]
 
     def _resolve(self, rt: Runtime) -> Model:
-        chosen = self.model if self.model is not None else rt.model
-        if chosen is None:
-            raise PatternError(
-                f"{self.node.label} has no model: pass {self.kind}(..., "
-                "model='claude-sonnet-4-5') (a name or a Model), or Runtime(model=...) for "
-                "every builtin")
-        return resolve_model(chosen) if isinstance(chosen, str) else chosen
+        return model_for(self.node.label, self.kind, self.model, rt)
 
     async def _generate(self, rt: Runtime, run: _Run, model: Model, ask: _Ask) -> Any:
         tools = tuple(s.tool for s in self.catalog.values())

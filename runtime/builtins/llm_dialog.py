@@ -361,12 +361,7 @@ class _Turns:
                     self._flush_usage(run)
 
     def _resolve(self, rt: Runtime) -> Model:
-        chosen = self.model if self.model is not None else rt.model
-        if chosen is None:
-            raise PatternError(
-                f"{self.node.label} has no model: pass llm_dialog(..., model='claude-sonnet-4-5')"
-                " (a name or a Model), or Runtime(model=...) for every dialog")
-        return resolve_model(chosen) if isinstance(chosen, str) else chosen
+        return model_for(self.node.label, "llm_dialog", self.model, rt)
 
     def _guarded(self, rt: Runtime, turn_id: str) -> bool:
         """Inside a transaction: may this turn still write? If so, its heartbeat is renewed
@@ -485,6 +480,17 @@ class _Turns:
         if cells:
             parts.append(cells)
         return "\n\n".join(parts)
+
+
+def model_for(label: str, kind: str, chosen: str | Model | None, rt: Runtime) -> Model:
+    """The model a builtin uses: its own (a name resolved through the port, or a Model),
+    else the runtime's, else a clear error naming both ways to set one."""
+    chosen = chosen if chosen is not None else rt.model
+    if chosen is None:
+        raise PatternError(
+            f"{label} has no model: pass {kind}(..., model='claude-sonnet-4-5') (a name or a "
+            "Model), or Runtime(model=...) for every builtin")
+    return resolve_model(chosen) if isinstance(chosen, str) else chosen
 
 
 def _user_message(event: Any) -> Message:
