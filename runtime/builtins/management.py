@@ -571,36 +571,13 @@ class Management:
     def _materialize(self, value: Any, key: DocKey) -> Any:
         """A copy of ``value`` with links followed (streams shown as
         ``{"$stream": <path>}``; a link that cannot be followed as null)."""
-        memo: dict[Any, Any] = {}
 
-        def walk(v: Any, holder: DocKey, active: frozenset[Any], depth: int) -> Any:
-            t = type(v)
-            if t is dict:
-                if is_link(v):
-                    try:
-                        target, path = parse_link(v, holder)
-                        mark = (target, path)
-                        if mark in memo:
-                            return memo[mark]
-                        if mark in active or depth > 256:
-                            return None
-                        tkey, tpath, tv = self.docs.resolve(target, path)
-                        if tv is MISSING:
-                            return None
-                        if self._is_stream(tkey, tpath, tv):
-                            out: Any = {"$stream": self._ref(tkey, ())}
-                        else:
-                            out = walk(tv, tkey, active | {mark}, depth + 1)
-                    except CelldialogError:
-                        return None
-                    memo[mark] = out
-                    return out
-                return {k: walk(x, holder, active, depth + 1) for k, x in v.items()}
-            if t is list:
-                return [walk(x, holder, active, depth + 1) for x in v]
-            return v
+        def stream_as_ref(tkey: DocKey, tpath: Any, tv: Any) -> Any:
+            if self._is_stream(tkey, tpath, tv):
+                return {"$stream": self._ref(tkey, ())}
+            return MISSING
 
-        return walk(value, key, frozenset(), 0)
+        return self.docs.materialize(value, key, stream_as_ref)
 
     def _json(self, value: Any, limit: int, where: str = "") -> str:
         text = json.dumps(value, ensure_ascii=False)

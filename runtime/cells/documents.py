@@ -311,18 +311,22 @@ class Documents:
             value = nxt
             i += 1
 
-    def materialize(self, value: Any, key: DocKey) -> Any:
+    def materialize(self, value: Any, key: DocKey,
+                    target: Callable[[DocKey, Path, Any], Any] | None = None) -> Any:
         """A plain copy of ``value`` with nested links replaced by what they point at.
 
         A target reached by several links is materialized once and shared in the copy, so
         links fanning out level after level cost what the distinct targets cost, not 2**n.
         A link that cannot be followed (malformed, refused, cyclic, missing) reads as None:
-        one bad link never makes a document unreadable."""
+        one bad link never makes a document unreadable. ``target(key, path, value)``, when
+        given, may stand in for what a link reaches (return MISSING to follow it as usual):
+        the management tools show a stream this way."""
         memo: dict[tuple[DocKey, Path], Any] = {}
-        return self._materialize(value, key, memo, set(), 0)
+        return self._materialize(value, key, memo, set(), 0, target)
 
     def _materialize(self, value: Any, key: DocKey, memo: dict[Any, Any],
-                     active: set[Any], depth: int) -> Any:
+                     active: set[Any], depth: int,
+                     target_hook: Callable[[DocKey, Path, Any], Any] | None = None) -> Any:
         t = type(value)
         if t is dict:
             if is_link(value):
@@ -333,20 +337,23 @@ class Documents:
                         return memo[mark]
                     if mark in active or depth > MAX_LINK_HOPS * 4:
                         return None  # a cycle of links
-                    tkey, _, v = self.resolve(target, path)
+                    tkey, tpath, v = self.resolve(target, path)
                 except PathError:
                     return None
                 if v is MISSING:
                     return None  # a link to a key that does not exist (yet) reads as null
-                active.add(mark)
-                out = self._materialize(v, tkey, memo, active, depth + 1)
-                active.discard(mark)
+                out = MISSING if target_hook is None else target_hook(tkey, tpath, v)
+                if out is MISSING:
+                    active.add(mark)
+                    out = self._materialize(v, tkey, memo, active, depth + 1, target_hook)
+                    active.discard(mark)
                 memo[mark] = out
                 return out
-            return {k: self._materialize(v, key, memo, active, depth + 1)
+            return {k: self._materialize(v, key, memo, active, depth + 1, target_hook)
                     for k, v in value.items()}
         if t is list:
-            return [self._materialize(v, key, memo, active, depth + 1) for v in value]
+            return [self._materialize(v, key, memo, active, depth + 1, target_hook)
+                    for v in value]
         return value
 
 
