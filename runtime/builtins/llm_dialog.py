@@ -258,6 +258,7 @@ class _Turns:
         self.turn.set({"id": turn_id, "heartbeat": now})
         self.error.set(None)
         self.partial.set(None)
+        self.tool_output.set(None)  # whatever a turn cut short left there
         self.messages.push(message.model_dump(mode="json"))
         self._scopes[turn_id] = self.node.spawn(self._run, rt, turn_id,
                                                 name=f"{self.node.label} turn")
@@ -423,14 +424,15 @@ class _Turns:
                 assert run.management is not None
                 outcome = await run.management.call(call.name, call.input)
                 return outcome.as_tool_result(call.id)
-            with rt.transaction():
-                self.tool_output.set(None)
-            token = _tool_result.set(self.tool_output)
+            token = _tool_result.set(self.tool_output)  # None here: reset after each use
             try:
                 await rt.send(spec.stream, call.input)
             finally:
                 _tool_result.reset(token)
-            output = self.tool_output.get()
+                output = self.tool_output.get()
+                if output is not None:  # a commit only when the handler wrote one
+                    with rt.transaction():
+                        self.tool_output.set(None)
             return output if output is not None else f"{call.name} done."
 
         return execute
