@@ -73,6 +73,7 @@ _LAZY = {
     **dict.fromkeys(("MemoryStore", "SQLiteStore", "Store"), "runtime.storage"),
     **dict.fromkeys(("Dialog", "Generation", "generate_object", "generate_text", "llm_dialog",
                     "tool_result"), "runtime.builtins"),
+    **dict.fromkeys(("LLM", "Agent"), "runtime.conversation"),
 }
 
 __all__ = [
