@@ -500,10 +500,7 @@ class LLM:
         gets one here)."""
         from .portable import load
 
-        state = load(portable_id)
-        if model is not None:
-            state = replace(state, model=ModelChoice(model))
-        return cls._of(state)
+        return cls._of(load(portable_id, model))
 
     def emit_history(self) -> LLM:
         """Re-emit OpenTelemetry spans for the whole history (a loaded conversation shows

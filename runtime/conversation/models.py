@@ -87,12 +87,14 @@ class ModelChoice:
     __slots__ = ("_model", "provider_hint", "spec")
 
     def __init__(self, spec: str | Model | None, provider: str | None = None) -> None:
-        if spec is not None and not isinstance(spec, str | Model):
+        if isinstance(spec, ImportedModel):  # not isinstance(spec, Model): that imports it
+            pass
+        elif spec is not None and not isinstance(spec, str | Model):
             raise TypeError(f"model must be a name (e.g. 'claude-sonnet-4-5') or a "
                             f"runtime.llm Model, got {type(spec).__name__}")
         self.spec = spec
         self.provider_hint = provider
-        self._model: Model | None = spec if isinstance(spec, Model) else None
+        self._model: Model | None = None if isinstance(spec, str | None) else spec
         if isinstance(spec, str) and spec.strip():
             parse_model_name(spec, provider)  # an unknown name fails here, not at step 1
 
