@@ -94,6 +94,7 @@ class Agent:
         self._changed = anyio.Event()
         self._worker: anyio.CancelScope | None = None
         self._turn: anyio.CancelScope | None = None
+        self._want: AgentState | None = None  # PAUSED or STOPPED, asked of a running loop
 
     @classmethod
     def _spawn(cls, conversation: LLM, *, name: str | None, handle: str | None, state: str,
@@ -195,32 +196,41 @@ class Agent:
 
     def pause(self) -> None:
         """Park the agent: a running turn is cancelled (its progress kept, its input still
-        pending); prompts wait until ``resume``."""
+        pending) and the state is PAUSED once it has stopped (``wait_for(PAUSED)``); prompts
+        wait until ``resume``."""
         if self._state in (AgentState.STOPPED, AgentState.FAILED):
             raise AgentStateError(f"pause: agent {self.name!r} is {self._state.value}; resume "
                                   "it (or send to it) instead")
-        self._set(AgentState.PAUSED)
         if self._turn is not None:
+            self._want = AgentState.PAUSED
             self._turn.cancel()
+        else:
+            self._set(AgentState.PAUSED)
 
     def resume(self) -> None:
         """Run again from PAUSED, FAILED (retrying the failed turn's pending input),
         STOPPED or IDLE (stepping any input pending on the conversation)."""
-        if self._state in (AgentState.RUNNING, AgentState.WAITING_INPUT):
+        if self._state in (AgentState.RUNNING, AgentState.WAITING_INPUT) and \
+                self._want is None:
             raise AgentStateError(f"resume: agent {self.name!r} is already "
                                   f"{self._state.value}")
         self._error = ""
-        self._set(AgentState.WAITING_INPUT)
+        self._want = None
+        work = self._current is not None or bool(self._mailbox) or \
+            has_pending(self._conversation.messages)
+        self._set(AgentState.RUNNING if work else AgentState.WAITING_INPUT)
         self._launch()
-        self._notify()
 
     def stop(self) -> None:
-        """End the loop; the conversation so far is kept and ``send``/``resume`` relaunch
-        it. Prompts still waiting are failed."""
-        self._set(AgentState.STOPPED)
-        if self._worker is not None:
-            self._worker.cancel()
+        """End the loop (the state is STOPPED once it has ended: ``wait_for(STOPPED)``);
+        the conversation so far is kept and ``send``/``resume`` relaunch it. Prompts still
+        waiting are failed."""
         self._fail_waiting(AgentStateError(f"agent {self.name!r} was stopped"))
+        if self._worker is not None:
+            self._want = AgentState.STOPPED
+            self._worker.cancel()
+        else:
+            self._set(AgentState.STOPPED)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -240,10 +250,11 @@ class Agent:
                 while True:
                     await self._next_turn()
         finally:
-            if self._worker is scope:
-                self._worker = None
-            if self._state in (AgentState.RUNNING, AgentState.WAITING_INPUT):
-                self._set(AgentState.STOPPED)
+            self._worker = None
+            self._want = None
+            self._set(AgentState.STOPPED)
+            if self._mailbox and self._tg is not None:  # sent to while it was stopping
+                self._launch()
 
     async def _next_turn(self) -> None:
         if self._state in (AgentState.PAUSED, AgentState.FAILED):
@@ -261,7 +272,8 @@ class Agent:
         self._set(AgentState.RUNNING)
         failure: Exception | None = None
         try:
-            with anyio.CancelScope() as self._turn:
+            with anyio.CancelScope() as turn:
+                self._turn = turn
                 try:
                     done = await queued._sync(agent=self.handle)
                 except Exception as e:
@@ -271,8 +283,11 @@ class Agent:
             raise
         finally:
             self._turn = None
-        if self._state in (AgentState.PAUSED, AgentState.STOPPED):  # cut by pause or stop
+        if turn.cancelled_caught:  # cut by pause: keep the progress; the letter waits
             self._conversation = _progress(queued, conversation)
+            if self._want is AgentState.PAUSED:
+                self._want = None
+                self._set(AgentState.PAUSED)
             return
         letter, self._current = self._current, None
         if failure is not None:
