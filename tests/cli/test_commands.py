@@ -1,0 +1,175 @@
+"""``celldialog run``, ``models``, ``--help`` and every bad input, through the real script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .fakes import OpenAIServer, text
+from .harness import celldialog, run
+
+APP = '''
+from runtime import cell, handler, pattern
+
+@handler
+def bump(event: int, n):
+    n.set(n.get() + event)
+
+@pattern(name="test.counter")
+def counter(start: int = 0):
+    n = cell(0, name="n")
+    return {"n": n, "start": start, "bump": bump(n=n)}
+'''
+
+
+def test_help_lists_the_commands_without_loading_the_runtime(env: dict[str, str],
+                                                             workdir: Path) -> None:
+    done = run(["--help"], env, workdir)
+    assert done.returncode == 0, done.stderr
+    for name in ("chat", "run", "models", "mcp"):
+        assert f"  {name} " in done.stdout
+    # what --help imports: click and our package, none of the graph, the port or rich
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; from runtime.cli import run; code = run(['--help']);"
+         "print(sorted(m for m in sys.modules if m.startswith(('runtime.', 'rich', 'mcp',"
+         " 'anyio', 'httpx'))))"],
+        env=env, cwd=workdir, capture_output=True, text=True, timeout=30)
+    loaded = json.loads(probe.stdout.strip().splitlines()[-1].replace("'", '"'))
+    assert loaded == ["runtime.cli", "runtime.cli.errors", "runtime.errors"], loaded
+
+
+def test_run_sends_events_and_prints_the_result(env: dict[str, str], workdir: Path) -> None:
+    done = run(["run", "todo", "--user", "u", "--send", 'add={"title": "milk"}',
+                "--send", 'add={"title": "eggs"}', "--send", 'toggle={"index": 0}'],
+               env, workdir)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "title": "Todo", "open": 1, "label": "Todo: 1 open of 2",
+        "items": [{"title": "milk", "done": True}, {"title": "eggs", "done": False}],
+    }
+
+
+def test_run_persists_in_a_store_and_loads_a_file(env: dict[str, str], workdir: Path) -> None:
+    (workdir / "app.py").write_text(APP)
+    db = workdir / "app.db"
+    first = run(["run", "app.py", "--store", str(db), "--send", "bump=2"], env, workdir)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout) == {"n": 2, "start": 0}
+    # the same documents again: through python -m, naming the pattern, with a sqlite URL
+    second = run(["run", "app.py:counter", "--store", f"sqlite:///{db}", "--send", "bump=3"],
+                 env, workdir, module=True)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout) == {"n": 5, "start": 0}
+    by_module = run(["run", "app:counter", "--store", str(db)], env, workdir)
+    assert json.loads(by_module.stdout) == {"n": 5, "start": 0}
+
+
+def test_run_a_dialog_pattern_against_a_loopback_model(env: dict[str, str], workdir: Path,
+                                                        server: OpenAIServer) -> None:
+    server.script(text("Hi, Ada."))
+    done = run(["run", "chatbot", "--user", "ada", "--session", "s", "--model",
+                "openai:gpt-4o-mini", "--send", 'set_notes="Call me Ada."', "--send",
+                'send="hello"'], {**env, "OPENAI_BASE_URL": server.base_url}, workdir)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["pending"] is False and result["error"] is None
+    assert [m["blocks"][0]["text"] for m in result["messages"]] == ["hello", "Hi, Ada."]
+    assert "Call me Ada." in server.requests[0].body["messages"][0]["content"]
+
+
+def test_models_shows_providers_catalog_and_default_without_the_key(
+        env: dict[str, str], workdir: Path) -> None:
+    bare = run(["models"], env, workdir)
+    assert bare.returncode == 0, bare.stderr
+    assert "not set (OPENAI_API_KEY)" in bare.stdout and "claude-sonnet-4-5" in bare.stdout
+    assert "default model:" in bare.stdout and "no provider key set" in bare.stdout
+    secret = "sk-test-0123456789abcdef"
+    keyed = run(["models"], {**env, "OPENAI_API_KEY": secret, "CELLDIALOG_MODEL": "mini"},
+                workdir)
+    assert keyed.returncode == 0, keyed.stderr
+    assert "set (OPENAI_API_KEY)" in keyed.stdout
+    assert "default model: openai:gpt-5-mini (CELLDIALOG_MODEL in the environment)" in (
+        keyed.stdout)
+    assert secret not in keyed.stdout + keyed.stderr
+
+
+SECRET = "sk-live-abcdef0123456789"
+
+BAD = [
+    # (arguments, extra environment, exit status, words the line must contain)
+    (["frob"], {}, 2, "No such command 'frob'"),
+    (["run", "todo", "--bogus"], {}, 2, "No such option '--bogus'"),
+    (["run"], {}, 2, "Missing argument 'PATTERN'"),
+    (["run", "nope"], {}, 3, "unknown pattern 'nope'"),
+    (["run", "no_such_module:thing"], {}, 3, "no module named 'no_such_module'"),
+    (["run", "broken.py"], {}, 3, "importing 'broken.py' failed: SyntaxError"),
+    (["run", "missing.py"], {}, 3, "no such file 'missing.py'"),
+    (["run", "todo", "--args", "{title"], {}, 2, "--args is not valid JSON"),
+    (["run", "todo", "--args", "[1]"], {}, 2, "--args must be a JSON object"),
+    (["run", "todo", "--args", '{"nope": 1}', "--user", "u"], {}, 2, "unknown arguments"),
+    (["run", "todo", "--send", "add"], {}, 2, "--send takes STREAM=JSON"),
+    (["run", "todo", "--user", "u", "--send", "add={x"], {}, 2, "not valid JSON"),
+    (["run", "todo", "--user", "u", "--send", "nope=1"], {}, 2, "has no stream 'nope'"),
+    (["run", "todo"], {}, 2, "pass --user ID"),
+    (["run", "todo", "--user", "u", "--send", 'add={"x": 1}'], {}, 1, "'title' is a required"),
+    (["run", "todo", "--store", "redis://x"], {}, 2, "unknown store 'redis://x'"),
+    (["run", "todo", "--store", "sqlite:///x.db?busy_timeout=no"], {}, 2, "busy_timeout"),
+    # the pattern is checked before the model's server is tried (nothing listens on port 9)
+    (["chat", "todo", "--model", "openai:gpt-4o-mini"],
+     {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}, 3, "has no dialog to chat with"),
+    (["chat", "--model", "frobnicator"], {}, 4, "cannot tell the provider of model"),
+    (["chat", "--model", "gpt-4o"], {}, 4, "no API key for openai: set OPENAI_API_KEY"),
+    (["chat", "--model", "gpt-4o"], {"OPENAI_API_KEY": SECRET,
+                                    "OPENAI_BASE_URL": "http://example.com/v1"}, 4, "http"),
+    (["chat", "--model", "gpt-4o"], {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}, 5,
+     "cannot reach model openai:gpt-4o at http://127.0.0.1:9/v1"),
+    (["chat", "--args", "nope"], {}, 2, "--args is not valid JSON"),
+    (["mcp", "nope"], {}, 3, "unknown pattern 'nope'"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[int, subprocess.CompletedProcess[str]]:
+    """Every BAD command line, run at once (each is a second of imports, mostly waiting on
+    one core): their outcomes by index, each from its own clean directory and home."""
+    from .conftest import clean_env
+
+    procs = []
+    for i, (args, extra, _, _) in enumerate(BAD):
+        root = tmp_path_factory.mktemp(f"bad{i}")
+        work = root / "work"
+        work.mkdir()
+        (work / "broken.py").write_text("def oops(:\n")
+        procs.append((args, subprocess.Popen(
+            [celldialog(), *args], env={**clean_env(root), **extra}, cwd=work, text=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+    out = {}
+    for i, (args, proc) in enumerate(procs):
+        stdout, stderr = proc.communicate(timeout=60)
+        out[i] = subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+    return out
+
+
+@pytest.mark.parametrize(("index", "status", "words"),
+                         [(i, b[2], b[3]) for i, b in enumerate(BAD)],
+                         ids=[" ".join(b[0]) for b in BAD])
+def test_a_bad_input_is_one_line_and_a_status(
+        bad_runs: dict[int, subprocess.CompletedProcess[str]], index: int, status: int,
+        words: str) -> None:
+    done = bad_runs[index]
+    lines = done.stderr.splitlines()
+    assert done.returncode == status, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("celldialog"), lines[0]
+    assert words in lines[0]
+    assert "Traceback" not in done.stderr and SECRET not in done.stderr + done.stdout
+    assert done.stdout == ""
+
+
+def test_the_console_script_is_installed() -> None:
+    assert Path(celldialog()).name == "celldialog"
