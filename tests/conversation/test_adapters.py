@@ -19,9 +19,9 @@ LIMIT = 20
 ADAPTERS = ["openai", "anthropic"]
 
 
-def reply(*blocks, stop=StopReason.END_TURN, usage=Usage()) -> Response:
+def reply(*blocks, stop=StopReason.END_TURN, usage: Usage | None = None) -> Response:
     return Response(message=Message(role=Role.ASSISTANT, blocks=blocks), stop_reason=stop,
-                    usage=usage, model="m")
+                    usage=usage or Usage(), model="m")
 
 
 @pytest.fixture(params=ADAPTERS)
