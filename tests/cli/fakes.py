@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,11 +41,13 @@ def tool_call(name: str, args: dict[str, Any], id: str = "call_1") -> Response:
 
 @dataclass
 class Held:
-    """Stream ``head`` chunks of ``response``, then hold until ``release`` or the client
-    leaves; ``arrived`` is set when the hold starts, ``client_left`` if the client hung up."""
+    """Stream ``head`` chunks of ``response`` (``pace`` seconds apart), then hold until
+    ``release`` or the client leaves; ``arrived`` is set when the hold starts,
+    ``client_left`` if the client hung up."""
 
     response: Response
     head: int = 2
+    pace: float = 0.0  # seconds between the head's chunks: a model's token latency
     arrived: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     client_left: threading.Event = field(default_factory=threading.Event)
@@ -104,6 +107,8 @@ class OpenAIServer:
         ex.start_stream()
         if isinstance(step, Held):
             for c in chunks[: step.head]:
+                if step.pace:
+                    time.sleep(step.pace)  # the fake model's own pace, in its own thread
                 ex.send_event(json.dumps(c))
             step.arrived.set()
             if self._hold(ex, step):

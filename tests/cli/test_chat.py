@@ -28,7 +28,10 @@ def _user_texts(messages: list[dict]) -> list[str]:
 
 def test_an_exchange_streams_the_reply_and_says_which_model(
         model_env: dict[str, str], workdir: Path, server: OpenAIServer) -> None:
-    server.script(text("Hello there, Ada."))
+    # the reply comes in 5-character chunks; the first four (after the role chunk) are
+    # paced like a model's tokens, then the rest is held back
+    held = Held(text("Hello there, Ada. Nice to meet you."), head=5, pace=0.3)
+    server.script(held)
     term = Terminal(["chat", "--user", "ada", "--session", "s1"], model_env, workdir)
     try:
         term.expect(r"model: openai:gpt-4o-mini \(CELLDIALOG_MODEL in the environment\)")
@@ -36,15 +39,26 @@ def test_an_exchange_streams_the_reply_and_says_which_model(
         term.expect(READY)
         term.expect(PROMPT)
         term.line("hi")
-        term.expect(r"assistant> Hello there, Ada\.\n")
+        # streamed: the start of the reply shows while the rest has not been sent
+        term.expect(r"assistant> Hello there, Ada\.")
+        assert held.arrived.wait(DEADLINE) and not held.release.is_set()
+        held.release.set()
+        term.expect(r" Nice to meet you\.\n")
+        term.expect(PROMPT)
+        # a turn that fails (the server has no reply left: a 400) is one red line, and
+        # the chat goes on
+        term.line("and now?")
+        term.expect(r"error: .*no scripted reply left.*\n")
         term.expect(PROMPT)
         term.ctrl_d()
         assert term.wait() == 0
     finally:
+        held.release.set()
         term.close()
     sent = _messages(server, 0)
     assert sent[0]["role"] == "system" and "helpful assistant" in sent[0]["content"]
     assert _user_texts(sent) == ["hi"]
+    assert term.raw.count("Hello there, Ada.") == 1  # streamed text is not printed twice
     assert "Traceback" not in term.raw
 
 
