@@ -386,10 +386,10 @@ class MCPToolset:
         return f"<MCPToolset {self.name!r} {state}: {self.server.command_line}>"
 
     async def list_tools(self) -> list[Tool]:
-        """The server's tools as port ``Tool``s (names as described in the module doc). The
-        listing is kept until the server says it changed (``notifications/tools/list_changed``).
-        Raises ``MCPServerError`` when the server is closed, dead or does not answer within
-        ``init_timeout``."""
+        """The server's tools now, as port ``Tool``s (names as described in the module doc):
+        asked of the server at each call (a stdio round trip), so a server whose tools change
+        is seen as it is. Raises ``MCPServerError`` when the server is closed, dead or does not
+        answer within ``init_timeout``."""
         listing = await self._list()
         return [tool for tool, _ in listing.values()]
 
@@ -400,8 +400,10 @@ class MCPToolset:
         from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         head = f"MCP server {self.name!r}"
+        listing = self._listing
         try:
-            listing = await self._list()
+            if listing is None or name not in listing:  # not listed yet, or listed since
+                listing = await self._list()
         except MCPServerError as e:
             raise ToolError(str(e)) from None
         entry = listing.get(name)
@@ -446,9 +448,7 @@ class MCPToolset:
     # ------------------------------------------------------------------ internals
 
     async def _list(self) -> dict[str, tuple[Tool, str]]:
-        listing = self._listing
-        if listing is not None:
-            return listing
+        """Ask the server for its tools; the mapping of listed names is kept for ``call``."""
         from mcp.shared.exceptions import MCPError
         from mcp.types import PaginatedRequestParams
 
@@ -479,11 +479,7 @@ class MCPToolset:
         return listing
 
     async def _on_message(self, message: Any) -> None:
-        from mcp.types import ToolListChangedNotification
-
-        if isinstance(message, ToolListChangedNotification):
-            self._listing = None
-        elif isinstance(message, Exception):
+        if isinstance(message, Exception):
             LOGGER.debug("MCP server %r sent something unreadable: %s", self.name,
                          self.server.redact(_describe(message)))
 

@@ -4,12 +4,12 @@ calls ``mcp.server.mcpserver.MCPServer``). Run it as ``sys.executable mcp_echo_s
 Tools: ``echo``, ``add``, ``fail`` (an error result), ``pid`` (the server's process id, so a
 test can check the process is gone), ``env`` (reads a variable of the server's environment),
 ``image`` (non-text content), ``big`` (a long text), ``sleep``, ``crash`` (the process dies
-mid-call) and ``files.read`` (a name no model provider accepts as is).
+mid-call) and ``files.read`` (a name no model provider accepts as is), ``grow`` (adds a tool).
 
 One optional argument picks a misbehaviour at start-up: ``--crash-on-init`` (writes to stderr,
-exits 3 before speaking MCP), ``--silent`` (reads stdin and never answers; exits on EOF),
-``--leak-env-on-init NAME`` (prints the variable NAME to stderr, then crashes), so tests can
-check a secret is redacted from the error).
+exits 3 before speaking MCP), ``--silent [PIDFILE]`` (writes its pid to PIDFILE, reads stdin
+and never answers; exits on EOF), ``--leak-env-on-init NAME`` (prints the variable NAME to
+stderr, then crashes, so tests can check a secret is redacted from the error).
 """
 
 import os
@@ -72,6 +72,15 @@ def serve() -> None:
         """Kill the server process mid-call."""
         os._exit(7)
 
+    @server.tool()
+    def grow(name: str) -> str:
+        """Add a tool of that name (it echoes its text): the tools change while running."""
+        def grown(text: str) -> str:
+            return text
+
+        server.add_tool(grown, name=name, description="A tool added while running.")
+        return f"added {name}"
+
     @server.tool(name="files.read")
     def files_read(path: str) -> str:
         """Pretend to read a file."""
@@ -88,6 +97,9 @@ def main(argv: list[str]) -> None:
         print(f"echo server: token is {os.environ.get(argv[1], '')}", file=sys.stderr)
         sys.exit(4)
     if argv[:1] == ["--silent"]:
+        if len(argv) > 1:
+            with open(argv[1], "w") as f:
+                f.write(str(os.getpid()))
         sys.stdin.read()
         return
     serve()

@@ -4,9 +4,12 @@ exception."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 import os
+import pickle
 import sys
 from pathlib import Path
 
@@ -71,6 +74,8 @@ def test_spec_round_trips_through_json_and_is_hashable() -> None:
     assert {server: 1}[again] == 1
     bare = MCPServer("x", "cmd")
     assert MCPServer.from_json(bare.to_json()) == bare and bare.env is None
+    assert copy.deepcopy(server) == server == pickle.loads(pickle.dumps(server))
+    assert SECRET not in repr(dataclasses.replace(server, env={"K": SECRET}))
 
 
 def test_spec_refuses_bad_values_clearly_without_quoting_secrets() -> None:
@@ -103,8 +108,12 @@ async def test_lists_the_servers_tools_under_provider_safe_names() -> None:
             assert isinstance(toolset, Toolset)
             assert toolset.name == "echo" and not toolset.closed
             tools = {t.name: t for t in await toolset.list_tools()}
+            assert await toolset.call("grow", {"name": "grown"}) == "added grown"
+            grown = {t.name for t in await toolset.list_tools()}  # asked again: fresh
+            assert await toolset.call("grown", {"text": "new"}) == "new"
+    assert grown == set(tools) | {"grown"}
     assert {"echo", "add", "fail", "pid", "env", "image", "big", "sleep", "crash",
-            "files_read"} == set(tools)
+            "files_read", "grow"} == set(tools)
     assert tools["add"].description == "Add two integers."
     assert tools["add"].input_schema["type"] == "object"
     assert set(tools["add"].input_schema["required"]) == {"a", "b"}
@@ -173,6 +182,16 @@ async def test_process_is_gone_when_cancelled_during_a_call() -> None:
                 await toolset.call("sleep", {"seconds": 60})
     assert scope.cancelled_caught
     assert gone(pids[0])
+
+
+async def test_process_is_gone_when_cancelled_while_starting(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    with anyio.fail_after(LIMIT):
+        with anyio.move_on_after(2) as scope:  # it never initialises: cancelled while opening
+            async with anyio.create_task_group() as tg:
+                await echo("--silent", str(pidfile), init_timeout=LIMIT).open(tg)
+    assert scope.cancelled_caught
+    assert gone(int(pidfile.read_text()))  # written at its start, long before the deadline
 
 
 async def test_process_is_gone_after_an_exception_in_the_using_scope() -> None:
