@@ -23,7 +23,16 @@ from ..llm.types import Message, Role, ToolResult, Usage
 __all__ = ["StepSpans", "emit_history", "tracer"]
 
 _NAME = "celldialog.conversation"
-_AVAILABLE = importlib.util.find_spec("opentelemetry") is not None
+
+
+def _importable() -> bool:
+    try:
+        return importlib.util.find_spec("opentelemetry") is not None
+    except (ImportError, ValueError):  # blocked (sys.modules entry None) or broken
+        return False
+
+
+_AVAILABLE = _importable()
 
 
 def tracer() -> Any | None:
