@@ -194,6 +194,8 @@ async def reachable(model: Model, timeout: float = 5.0) -> None:
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
+    if _proxied(parts.scheme, host):
+        return  # httpx will go through the proxy: a direct connection proves nothing
     try:
         with anyio.fail_after(timeout):
             stream = await anyio.connect_tcp(host, port)
@@ -208,6 +210,19 @@ async def reachable(model: Model, timeout: float = 5.0) -> None:
         raise CliError(
             f"cannot reach model {model.provider}:{model.name} at {display_url(url)} ({why}): "
             f"{fix}, or choose another with --model", EXIT_MODEL) from None
+
+
+def _proxied(scheme: str, host: str) -> bool:
+    """Whether an HTTP proxy from the environment (as httpx reads it) carries ``host``."""
+    from urllib.request import getproxies, proxy_bypass
+
+    proxies = getproxies()
+    if not (proxies.get(scheme) or proxies.get("all")):
+        return False
+    try:
+        return not proxy_bypass(host)
+    except OSError:
+        return True
 
 
 async def close_model(model: Any) -> None:

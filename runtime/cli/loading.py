@@ -43,9 +43,14 @@ def _patterns_in(module: ModuleType) -> dict[str, Pattern]:
 
 def _import_file(path: Path) -> ModuleType:
     name = path.stem
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, path.resolve())
     if spec is None or spec.loader is None:
         raise PatternNotUsable(f"cannot import {str(path)!r}: not a Python source file")
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__file__", None) != str(path.resolve()):
+        raise PatternNotUsable(
+            f"cannot import {str(path)!r} as module {name!r}: that name is taken by "
+            f"{getattr(loaded, '__file__', None) or 'a built-in module'}; rename the file")
     module = importlib.util.module_from_spec(spec)
     # its own directory first, as `python app.py` would have it: sibling imports work
     sys.path.insert(0, str(path.parent.resolve()))

@@ -17,7 +17,8 @@ def clean_env(root: Path) -> dict[str, str]:
     """The environment a fresh user has: no keys, no model named, a home of their own under
     ``root`` (so the default store lands there), and the repository importable."""
     clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("OPENAI_", "ANTHROPIC_", "CELLDIALOG_"))}
+             if not k.startswith(("OPENAI_", "ANTHROPIC_", "CELLDIALOG_"))
+             and not k.lower().endswith("_proxy")}  # the loopback server is reached directly
     home = root / "home"
     home.mkdir(exist_ok=True)
     clean.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), COLUMNS="200",

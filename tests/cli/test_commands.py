@@ -108,6 +108,7 @@ BAD = [
     (["run", "no_such_module:thing"], {}, 3, "no module named 'no_such_module'"),
     (["run", "broken.py"], {}, 3, "importing 'broken.py' failed: SyntaxError"),
     (["run", "missing.py"], {}, 3, "no such file 'missing.py'"),
+    (["run", "json.py"], {}, 3, "as module 'json': that name is taken"),
     (["run", "todo", "--args", "{title"], {}, 2, "--args is not valid JSON"),
     (["run", "todo", "--args", "[1]"], {}, 2, "--args must be a JSON object"),
     (["run", "todo", "--args", '{"nope": 1}', "--user", "u"], {}, 2, "unknown arguments"),
@@ -145,6 +146,7 @@ def bad_runs(tmp_path_factory: pytest.TempPathFactory
         work = root / "work"
         work.mkdir()
         (work / "broken.py").write_text("def oops(:\n")
+        (work / "json.py").write_text(APP)
         procs.append((args, subprocess.Popen(
             [celldialog(), *args], env={**clean_env(root), **extra}, cwd=work, text=True,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
