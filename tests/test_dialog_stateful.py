@@ -65,15 +65,16 @@ def add_item(event: AddItem, items):
 def todo_agent():
     items = cell([], scope="user", name="items")
     messages = cell([], scope="session", name="messages")
+    add = add_item(items=items)
     chat = llm_dialog(
         messages=messages,
         system="You keep the user's todo list.",
-        tools={"addItem": {"description": "Add an item", "handler": add_item(items=items)}},
+        tools={"addItem": {"description": "Add an item", "handler": add}},
         context={"items": items},
     )
     return {"items": items, "messages": messages, "pending": chat.pending,
             "send": chat.add_message, "cancel": chat.cancel_generation, "error": chat.error,
-            "dropped": chat.dropped}
+            "dropped": chat.dropped, "add": add}
 
 
 USERS = ("u0", "u1")
@@ -172,7 +173,18 @@ def _call_id(held: Held, k: int) -> str:
     return f"{held.inst}-m{held.turn}-r{held.number}-c{k}"
 
 
-def _reply_for(kind: str, held: Held, titles: list[str]) -> Any:
+def _tool_call(title: str, tid: str, via: str, inst: Any) -> Any:
+    """A call that adds ``title``: the handler tool itself (``addItem``: runs inside its
+    step's commit) or the management tool ``invoke`` on the same stream (awaits the event:
+    held by the test until released)."""
+    if via == "invoke":
+        return call("invoke", {"path": f"/{inst.result.id}/add", "args": {"title": title}},
+                    id=tid)
+    return call("addItem", {"title": title}, id=tid)
+
+
+def _reply_for(kind: str, held: Held, titles: list[str], vias: list[str] | None = None,
+               inst: Any = None) -> Any:
     mark = f"<{held.inst}:m{held.turn}:r{held.number}>"
     if kind == "text":
         return f"{mark} done"
@@ -180,8 +192,9 @@ def _reply_for(kind: str, held: Held, titles: list[str]) -> Any:
         return LLMError(f"overloaded {mark}", fault=Fault.TERMINAL, provider="scripted")
     if kind == "raise":
         return RuntimeError(f"boom {mark}")
-    calls = [call("addItem", {"title": t}, id=_call_id(held, k))
-             for k, t in enumerate(titles)]
+    vias = vias or ["addItem"] * len(titles)
+    calls = [_tool_call(t, _call_id(held, k), via, inst)
+             for k, (t, via) in enumerate(zip(titles, vias, strict=True))]
     return Reply(text=f"{mark} adding" if kind == "tools_text" else "", tool_calls=calls)
 
 
@@ -302,15 +315,23 @@ async def program(data: st.DataObject) -> None:
             def live_of(held: Held) -> bool:
                 return not held.cancelled and exp[held.inst].live == held.turn
 
-            async def release_model(held: Held, kind: str, titles: list[str]) -> None:
+            async def release_model(held: Held, kind: str, titles: list[str],
+                                    vias: list[str] | None = None) -> None:
                 e = exp[held.inst]
                 live = live_of(held)
-                model.release(held, _reply_for(kind, held, titles))
+                model.release(held, _reply_for(kind, held, titles, vias, insts[held.inst]))
                 if live:
                     e.markers.append(held.number)
                     if kind in ("text", "raise", "llm_error"):
                         e.live = None
                         e.error = kind != "text"
+                    elif all(v == "addItem" for v in vias or ()):
+                        # handler tools only: the step runs whole, in one commit
+                        for k, title in enumerate(titles):
+                            tid = _call_id(held, k)
+                            e.tools[tid] = "error" if "bad" in title else "ok"
+                            if "bad" not in title:
+                                items[e.user].append(title)
                     else:
                         step_calls[held.inst] = [_call_id(held, k) for k in range(len(titles))]
                         for tid in step_calls[held.inst]:
@@ -362,13 +383,15 @@ async def program(data: st.DataObject) -> None:
                     held = data.draw(st.sampled_from(sorted(model.waiting, key=lambda h: h.number)),
                                      label="request")
                     kind = data.draw(st.sampled_from(KINDS), label="kind")
-                    titles = []
+                    titles, vias = [], []
                     if kind.startswith("tools"):
                         n = data.draw(st.integers(1, 2), label="calls")
                         titles = [f"{_call_id(held, k)}:"
                                   + data.draw(st.sampled_from(["milk", "bad"]), label="title")
                                   for k in range(n)]
-                    await release_model(held, kind, titles)
+                        vias = [data.draw(st.sampled_from(["addItem", "invoke"]), label="via")
+                                for _ in range(n)]
+                    await release_model(held, kind, titles, vias)
                 elif action == "tool" and tools_waiting:
                     tool = data.draw(st.sampled_from(list(tools_waiting)), label="tool")
                     await release_tool(tool)
@@ -397,7 +420,8 @@ def test_random_interleavings_keep_every_dialog_consistent(data: st.DataObject) 
 
 def test_a_cancel_mid_step_keeps_the_result_of_a_tool_that_ran() -> None:
     """Found by the stateful test: two calls, the first runs (its item is written), the
-    cancel arrives while the second is in flight: the first keeps its real result."""
+    cancel arrives while the second (an ``invoke``, which awaits) is in flight: the first
+    keeps its real result."""
 
     async def main() -> None:
         model = HeldModel()
@@ -420,7 +444,9 @@ def test_a_cancel_mid_step_keeps_the_result_of_a_tool_that_ran() -> None:
                         await anyio.lowlevel.checkpoint()
                 model.release(model.waiting[0], Reply(tool_calls=[
                     call("addItem", {"title": "first"}, id="c1"),
-                    call("addItem", {"title": "second"}, id="c2")]))
+                    # through invoke: a step with an awaiting tool runs call by call
+                    call("invoke", {"path": f"/{inst.result.id}/add",
+                                    "args": {"title": "second"}}, id="c2")]))
                 with anyio.fail_after(WAIT):
                     await entered.wait()
                 await inst.send("cancel", None)

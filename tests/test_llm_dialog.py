@@ -140,6 +140,8 @@ async def test_cancel_while_held_sets_pending_false_at_once_and_the_late_reply_l
 
 
 async def test_cancel_during_the_first_of_two_tool_calls_answers_both():
+    """The calls are ``invoke`` (a management tool: it awaits the handler's event, so a
+    call can be in flight); a handler tool runs inside its step's commit and cannot be."""
     entered, release = anyio.Event(), anyio.Event()
     ran: list[str] = []
 
@@ -152,18 +154,22 @@ async def test_cancel_during_the_first_of_two_tool_calls_answers_both():
     def agent():
         log = cell([], name="log")
         messages = cell([], name="messages")
-        chat = llm_dialog(messages, tools={"step": slow(log=log)})
+        chat = llm_dialog(messages)
         return {"log": log, "messages": messages, "send": chat.add_message,
-                "cancel": chat.cancel_generation, "pending": chat.pending}
+                "cancel": chat.cancel_generation, "pending": chat.pending,
+                "step": slow(log=log)}
 
-    model = ScriptedModel([Reply(tool_calls=[call("step", {"n": "a"}), call("step", {"n": "b"})]),
-                           "never"])
+    model = ScriptedModel([])
     async with Runtime(model=model) as rt:
         inst = rt.run(agent)
+        where = f"/{inst.result.id}/step"
+        model.add(Reply(tool_calls=[call("invoke", {"path": where, "args": {"n": "a"}}),
+                                    call("invoke", {"path": where, "args": {"n": "b"}})]),
+                  "never")
         real_send = rt.send
 
         async def held_send(stream: Any, event: Any) -> None:
-            if stream.name == "slow":  # a tool call: hold it in flight
+            if stream.name == "slow":  # the tool call's event: hold it in flight
                 entered.set()
                 await release.wait()
             await real_send(stream, event)
@@ -184,6 +190,51 @@ async def test_cancel_during_the_first_of_two_tool_calls_answers_both():
         assert inst.result.key("pending").get() is False
         # the next turn's request is valid for both providers' adapters
         assert_valid_for_both_providers([*history, Message.text("user", "next")])
+
+
+async def test_a_step_of_handler_tools_is_one_commit_seen_whole_by_observers():
+    """The assistant's calls, what the handlers wrote and their results land together:
+    an observer of the messages never sees a call without its result, and the caller's
+    list changes in the same commit."""
+    seen: list[tuple[int, int, bool]] = []
+
+    @pattern
+    def agent():
+        items = cell([], name="items")
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, tools={"addItem": add_item(items=items)},
+                          builtin_tools=False)
+        return {"items": items, "messages": messages, "send": chat.add_message,
+                "pending": chat.pending}
+
+    model = ScriptedModel([Reply(tool_calls=[call("addItem", {"title": "a"}),
+                                             call("addItem", {"title": "b"})]),
+                           Reply(tool_calls=[call("addItem", {"title": "c"})]), "done"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(agent)
+        history, items = inst.result.key("messages"), inst.result.key("items")
+        commits = 0
+
+        def on_commit(records: Any) -> None:
+            nonlocal commits
+            commits += 1
+            h = [Message.model_validate(m) for m in history.get()]
+            calls = {b.id for m in h for b in m.tool_uses()}
+            answered = {b.tool_use_id for m in h for b in m.blocks if b.kind == "tool_result"}
+            seen.append((len(h), len(items.get()), calls == answered))
+
+        stop = rt.on_commit(on_commit)
+        await inst.send("send", "go")
+        await rt.settled()
+        stop()
+        assert items.get() == ["a", "b", "c"]
+        assert all(valid for _, _, valid in seen), seen  # never a call without its result
+        lengths = [(n, k) for n, k, _ in seen]
+        # user message (acceptance), then each step whole: 3 messages + 2 items, 5 + 3,
+        # then the final reply ending the turn
+        assert (3, 2) in lengths and (5, 3) in lengths and (6, 3) in lengths
+        assert (2, 0) not in lengths and (2, 2) not in lengths  # no half step ever
+        assert commits == 4, seen  # accept, step 1, step 2, final reply + end
 
 
 @pytest.mark.parametrize("script, expect", [

@@ -31,9 +31,10 @@ import anyio
 
 from ..cells import Cell, Pattern, Stream, current_runtime
 from ..cells.builtin import BuiltinNode
+from ..cells.documents import Transaction
 from ..cells.jsonpath import is_link
 from ..cells.runtime import Runtime
-from ..errors import PatternError
+from ..errors import ConflictError, PatternError
 from ..llm import (
     TOOL_CANCELLED,
     CacheHint,
@@ -46,6 +47,7 @@ from ..llm import (
     StepsStatus,
     TextBlock,
     Tool,
+    ToolError,
     ToolResult,
     ToolUse,
     Usage,
@@ -187,8 +189,8 @@ class _Run:
     """What one turn's task keeps to itself (a cancelled turn still winding down never
     shares it with the next one)."""
 
-    __slots__ = ("last_partial", "management", "present", "results", "text", "turn_id",
-                 "usage")
+    __slots__ = ("dead", "ended", "last_partial", "management", "outputs", "partial",
+                 "present", "results", "step_tx", "text", "turn_id", "usage")
 
     def __init__(self, turn_id: str, now: float) -> None:
         self.turn_id = turn_id
@@ -198,6 +200,13 @@ class _Run:
         self.present: Any = _NOTHING
         self.usage: Usage | None = None  # reported, not written yet
         self.results: dict[str, ToolResult] = {}  # the step's calls that finished, by id
+        self.outputs = False  # a handler tool of this step wrote its result into tool_output
+        self.partial = False  # this step wrote streamed text into `partial`
+        self.ended = False  # the final reply's commit ended the turn already
+        self.dead = False  # a write found the turn cancelled or replaced: run no more tools
+        # a step whose tools are all handlers is one commit: the call, what the handlers
+        # wrote, the results (open from the assistant message to the results message)
+        self.step_tx: Transaction | None = None
 
 
 class _Turns:
@@ -225,7 +234,9 @@ class _Turns:
         self.result = node.state("result", None)
         self.dropped = node.state("dropped", 0, int)
         self.pins = node.state("pins", [])
-        self.tool_output = node.state("tool_output", None)  # what a handler tool answers
+        # what handler tools answer, by tool call id: cleared in the commit of the step's
+        # results (no commit of its own per call)
+        self.tool_output = node.state("tool_output", {})
         self.add_stream = node.stream("add_message", self._on_add)
         self.cancel_stream = node.stream("cancel_generation", self._on_cancel)
         self.pin_stream = node.stream("pin_cell", self._on_pin, event=_PIN_EVENT)
@@ -258,7 +269,7 @@ class _Turns:
         self.turn.set({"id": turn_id, "heartbeat": now})
         self.error.set(None)
         self.partial.set(None)
-        self.tool_output.set(None)  # whatever a turn cut short left there
+        self.tool_output.set({})  # whatever a turn cut short left there
         self.messages.push(message.model_dump(mode="json"))
         self._scopes[turn_id] = self.node.spawn(self._run, rt, turn_id,
                                                 name=f"{self.node.label} turn")
@@ -355,6 +366,9 @@ class _Turns:
             log.exception("%s: the turn failed", self.node.label)
             self._end(rt, run, f"{ERROR_PREFIX}: {e}", str(e))
         finally:
+            if run.step_tx is not None:  # interrupted mid-step: none of the step lands
+                run.step_tx.abort()
+                run.step_tx = None
             self._scopes.pop(turn_id, None)
             self._runs.pop(turn_id, None)
             if run.usage is not None:  # cut short after a call: its tokens still count
@@ -366,26 +380,80 @@ class _Turns:
 
     def _guarded(self, rt: Runtime, turn_id: str) -> bool:
         """Inside a transaction: may this turn still write? If so, its heartbeat is renewed
-        in the same commit (a turn records a heartbeat with each write)."""
+        in the same commit when it has aged a tenth of ``takeover_after`` (a live turn
+        that writes is never taken for dead, and most writes add nothing to renew it)."""
         turn = self.turn.get()
         if not (isinstance(turn, dict) and turn.get("id") == turn_id and self.pending.get()):
             return False
-        self.turn.set({"id": turn_id, "heartbeat": rt.clock()})
+        now = rt.clock()
+        beat = turn.get("heartbeat")
+        if not isinstance(beat, int | float) or now - beat >= self.takeover_after / 10:
+            self.turn.set({"id": turn_id, "heartbeat": now})
         return True
 
     def _append(self, rt: Runtime, run: _Run, message: Message) -> None:
+        """A message of the turn, guarded by its id. A step whose tool calls all go to
+        handlers (or are refused by the engine, or present the result) is one commit, from
+        the assistant message to its results: observers never see a call without its
+        result, and the handlers' writes land with them or not at all."""
+        tx = run.step_tx
+        if tx is not None:  # the results of such a step: its one commit
+            run.step_tx = None
+            with tx.bound():
+                self._append_writes(rt, run, message)
+            try:
+                tx.commit()
+            except ConflictError as e:  # another process wrote what the step read
+                raise PatternError(
+                    f"the step was not stored: another process changed a cell its tools read "
+                    f"({e}); send the message again") from None
+            return
+        calls = message.tool_uses() if message.role is Role.ASSISTANT else ()
+        if calls and all(self._inline(c) for c in calls):
+            tx = rt.begin()
+            with tx.bound():
+                kept = self._append_writes(rt, run, message)
+            if kept:
+                run.step_tx = tx
+            else:
+                tx.commit()  # only the spent tokens: the guard let nothing else in
+            return
         with rt.transaction():  # one commit: the message, its call's usage, the heartbeat
-            self._flush_usage(run)
-            if not self._guarded(rt, run.turn_id):
-                return  # a late reply to a cancelled or replaced turn lands nowhere
-            self.messages.push(_inert(message.model_dump(mode="json")))
-            if message.role is Role.ASSISTANT:
-                run.results.clear()  # a new step: its calls have not run yet
-                run.text = ""
+            self._append_writes(rt, run, message)
+
+    def _inline(self, call: ToolUse) -> bool:
+        """Does this call run inside its step's commit? Handler tools (synchronous) and
+        presentResult do; so does a call the engine refuses (unknown tool). Management and
+        pattern tools do their own commits."""
+        spec = self.catalog.get(call.name)
+        return spec is None or spec.stream is not None or call.name == PRESENT_RESULT
+
+    def _append_writes(self, rt: Runtime, run: _Run, message: Message) -> bool:
+        """Inside a transaction: the message and what goes with it; False if the turn may
+        no longer write (a late reply to a cancelled or replaced turn lands nowhere)."""
+        self._flush_usage(run)
+        if not self._guarded(rt, run.turn_id):
+            run.dead = True
+            return False
+        self.messages.push(_inert(message.model_dump(mode="json")))
+        if message.role is Role.ASSISTANT:
+            run.results.clear()  # a new step: its calls have not run yet
+            run.text = ""
+            if run.partial:
                 self.partial.set(None)
-            if run.present is not _NOTHING:  # presentResult: in the commit of its results
-                self.result.set(run.present)
-                run.present = _NOTHING
+                run.partial = False
+            if not message.tool_uses():
+                # the final reply (the engine completes on a reply without calls):
+                # the turn ends in the commit that stores it
+                self._end_writes(None, run)
+                run.ended = True
+        elif run.outputs:  # the step's results: what its handlers answered goes
+            self.tool_output.set({})
+            run.outputs = False
+        if run.present is not _NOTHING:  # presentResult: in the commit of its results
+            self.result.set(run.present)
+            run.present = _NOTHING
+        return True
 
     def _on_text(self, rt: Runtime, run: _Run, delta: str) -> None:
         run.text += delta
@@ -396,6 +464,7 @@ class _Turns:
         with rt.transaction():
             if self._guarded(rt, run.turn_id):
                 self.partial.set(run.text)
+                run.partial = True
 
     @staticmethod
     def _on_usage(run: _Run, usage: Usage) -> None:
@@ -407,8 +476,9 @@ class _Turns:
         if run.usage is None:
             return
         total = dict(self.usage.get())
-        for k, v in run.usage.model_dump().items():
-            total[k] = total.get(k, 0) + v
+        usage = run.usage
+        for k in _USAGE_ZERO:
+            total[k] = total.get(k, 0) + getattr(usage, k)
         self.usage.set(total)
         run.usage = None
 
@@ -424,16 +494,23 @@ class _Turns:
                 assert run.management is not None
                 outcome = await run.management.call(call.name, call.input)
                 return outcome.as_tool_result(call.id)
-            token = _tool_result.set(self.tool_output)  # None here: reset after each use
+            if run.dead:
+                raise ToolError("the turn was cancelled; the tool did not run")
+            token = _tool_result.set(self.tool_output.key(call.id))
             try:
-                await rt.send(spec.stream, call.input)
+                if run.step_tx is not None:  # in the step's commit (see _append)
+                    with run.step_tx.bound():
+                        rt.deliver(spec.stream, call.input)
+                        output = self.tool_output.key(call.id).get(None)
+                else:
+                    await rt.send(spec.stream, call.input)
+                    output = self.tool_output.key(call.id).get(None)
             finally:
                 _tool_result.reset(token)
-                output = self.tool_output.get()
-                if output is not None:  # a commit only when the handler wrote one
-                    with rt.transaction():
-                        self.tool_output.set(None)
-            return output if output is not None else f"{call.name} done."
+            if output is None:
+                return f"{call.name} done."
+            run.outputs = True
+            return output
 
         return execute
 
@@ -459,16 +536,25 @@ class _Turns:
             self._end(rt, run, f"{ERROR_PREFIX}: {why}", why)
 
     def _end(self, rt: Runtime, run: _Run, text: str | None, error: str | None) -> None:
+        if run.ended:
+            return  # the final reply's commit ended it
         with rt.transaction():
             self._flush_usage(run)
             if not self._guarded(rt, run.turn_id):
                 return
             if text is not None:
                 self.messages.push(Message.text(Role.ASSISTANT, text).model_dump(mode="json"))
-            self.error.set(error)
+            self._end_writes(error, run)
+
+    def _end_writes(self, error: str | None, run: _Run | None) -> None:
+        """Inside the guarded transaction: the turn is over."""
+        self.error.set(error)
+        if run is None or run.partial:
             self.partial.set(None)
-            self.pending.set(False)
-            self.turn.set(None)
+        self.pending.set(False)
+        self.turn.set(None)
+        if run is not None and run.outputs:
+            self.tool_output.set({})
 
     def _system_prompt(self, run: _Run) -> str:
         """Rebuilt each step: the pattern's system prompt, the guide to cells (built-ins on),

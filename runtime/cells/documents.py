@@ -602,12 +602,14 @@ class Transaction:
                 paths = dict.fromkeys(pointer(p) or "/" for p, _ in pending.ops)
                 e.args = (f"{e.args[0]}; nothing was committed (wrote {', '.join(paths)})",)
                 raise
+        # change records (copies: the kernel changes its values in place later) only for
+        # someone who listens; most commits have no listener and skip the copies
         records = [
             Change(k.space, k.id, pointer(path), None if b is MISSING else copy_json(b),
                    copy_json(v), k.scope)
             for k, pending in written
             for (path, v), b in zip(pending.ops, pending.befores, strict=True)
-        ]
+        ] if docs.listeners else []
         writes = [Write(k, None, p.base, tuple(p.ops)) for k, p in written]
         # 2. the store: all or nothing
         try:

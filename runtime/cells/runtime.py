@@ -20,7 +20,7 @@ from anyio.abc import TaskGroup
 from ..errors import ClosedError, PatternError, StreamError
 from ..storage import DocKey, Store, open_store
 from .cell import Cell, Stream, accept_json, writing
-from .documents import Change, Documents, current_transaction
+from .documents import Change, Documents, Transaction, current_transaction
 from .ids import canonical, derive
 from .jsonpath import MISSING, check_json
 from .pattern import Builder, Pattern, _builder
@@ -340,6 +340,22 @@ class Runtime:
             if self._state is _State.CLOSED:
                 raise ClosedError(f"{what} after the runtime closed")
             raise ClosedError(f"{what} needs a running runtime: use `async with Runtime()`")
+
+    def deliver(self, stream: Stream, event: Any) -> None:
+        """Run ``stream``'s handler on ``event`` now, inside this task's open transaction
+        (``begin()`` or ``transaction()``), as one part of a larger atomic change; see
+        ``Scheduler.deliver``. Builtins use it to commit a tool call with its effects."""
+        self._check_running("deliver()")
+        self.scheduler.deliver(stream, event)
+
+    def begin(self) -> Transaction:
+        """A new transaction, not yet bound to any block: write in it with
+        ``with tx.bound():`` (in the task that began it), then ``tx.commit()`` or
+        ``tx.abort()``. For work that spans several callbacks (a builtin's step) and must
+        land in one commit; ``transaction()`` is the everyday form."""
+        self._check_running("begin()")
+        self.docs.check_open("begin()")
+        return Transaction(self.docs)
 
     def transaction(self) -> AbstractContextManager[Any]:
         """``with rt.transaction():`` groups writes made outside handlers (by async work, a

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, CycleError, LinkError, PatternError, StreamError
+from ..errors import (
+    ConflictError,
+    CycleError,
+    LinkError,
+    PatternError,
+    StreamError,
+    UsageError,
+)
 from . import signals
 from .documents import Documents, Transaction, TxState, current_transaction
 from .jsonpath import Path, check_json, copy_json, pointer
@@ -51,20 +58,7 @@ class Scheduler:
         self._tx: Transaction | None = None  # the running handler's transaction
 
     def enqueue(self, stream: Stream, payload: Any) -> Event:
-        if stream.stopped:
-            raise StreamError(f"{stream!r} belongs to a stopped instance; nothing will handle it")
-        links: list[Path] = []
-        payload = check_json(payload, lambda: f"event for {stream.name}", links=links)
-        schema = stream.handler.event_schema
-        for at in links:  # links from outside arrive only where the schema asks for one
-            if not asks_for_link(subschema(schema, at)):
-                raise LinkError(
-                    f"event for {stream.name}{pointer(at)} is a link, and events may carry "
-                    "links only where the handler's event schema asks for one "
-                    "({'asCell': true}); send the data itself"
-                )
-        if schema is not None:  # the sender hears of a bad event now
-            validate(payload, schema, lambda: f"event for {stream.name}")
+        payload = self._checked(stream, payload)
         tx = self._tx
         if tx is not None:
             # sent while a handler or its commit's sinks run: leaves, in the order sent, only
@@ -79,6 +73,49 @@ class Scheduler:
             own.outbox.append((stream, payload))
             return Event(stream, payload, self.current)
         return self._push(stream, payload, self.current)
+
+    def deliver(self, stream: Stream, payload: Any) -> None:
+        """Run ``stream``'s handler on ``payload`` now, inside the calling task's open
+        transaction: one part of a larger atomic change (a dialog step, whose tool call, the
+        handler's writes and the tool's result commit together). The event is checked as
+        ``enqueue`` checks it. A handler that raises takes back its own writes and sends (a
+        savepoint) and the error propagates; the transaction goes on. Events it sends leave
+        when the transaction commits. It runs ahead of events already queued (those run
+        after the commit)."""
+        tx = current_transaction()
+        if tx is None or tx.state is not TxState.OPEN:
+            raise UsageError("deliver() runs a handler inside an open transaction: open one "
+                             "with rt.transaction(), or send the event with rt.send()")
+        payload = self._checked(stream, payload)
+        point = tx.savepoint()
+        token = _running.set(stream)
+        try:
+            _call(stream, payload, tx)
+        except BaseException:
+            if tx.state is TxState.OPEN:
+                tx.rollback_to(point)
+            raise
+        finally:
+            _running.reset(token)
+
+    def _checked(self, stream: Stream, payload: Any) -> Any:
+        """The event as plain JSON, checked against the handler's event schema (links only
+        where it asks for one): the sender hears of a bad event now."""
+        if stream.stopped:
+            raise StreamError(f"{stream!r} belongs to a stopped instance; nothing will handle it")
+        links: list[Path] = []
+        payload = check_json(payload, lambda: f"event for {stream.name}", links=links)
+        schema = stream.handler.event_schema
+        for at in links:  # links from outside arrive only where the schema asks for one
+            if not asks_for_link(subschema(schema, at)):
+                raise LinkError(
+                    f"event for {stream.name}{pointer(at)} is a link, and events may carry "
+                    "links only where the handler's event schema asks for one "
+                    "({'asCell': true}); send the data itself"
+                )
+        if schema is not None:  # the sender hears of a bad event now
+            validate(payload, schema, lambda: f"event for {stream.name}")
+        return payload
 
     def _release(self, tx: Transaction) -> None:
         for target, payload in tx.outbox:
@@ -137,19 +174,7 @@ class Scheduler:
         try:
             if stream.stopped:
                 raise StreamError(f"{stream!r} was stopped before its event ran")
-            handler = stream.handler
-            event = copy_json(ev.payload)  # validated when it was sent
-            if handler.event_model is not None:
-                event = handler.event_model.model_validate(event)
-            with tx.bound(), signals.untracked():
-                returned = handler.fn(event, **stream.bindings)
-            if inspect.isawaitable(returned):
-                if hasattr(returned, "close"):
-                    returned.close()  # never awaited: don't leave a warning behind
-                raise PatternError(
-                    f"handler {stream.name} returned an awaitable, which never runs: handlers "
-                    "are synchronous; start async work with current_runtime().spawn(...)"
-                )
+            _call(stream, ev.payload, tx)
             tx.commit()
         except BaseException:
             if tx.state is TxState.OPEN:
@@ -157,6 +182,23 @@ class Scheduler:
             raise
         for target, payload in tx.outbox:
             self._push(target, payload, ev)
+
+
+def _call(stream: Stream, payload: Any, tx: Transaction) -> None:
+    """The handler on one (validated) event, its writes going into ``tx``."""
+    handler = stream.handler
+    event = copy_json(payload)  # its own copy: the sender's value is never reached
+    if handler.event_model is not None:
+        event = handler.event_model.model_validate(event)
+    with tx.bound(), signals.untracked():
+        returned = handler.fn(event, **stream.bindings)
+    if inspect.isawaitable(returned):
+        if hasattr(returned, "close"):
+            returned.close()  # never awaited: don't leave a warning behind
+        raise PatternError(
+            f"handler {stream.name} returned an awaitable, which never runs: handlers "
+            "are synchronous; start async work with current_runtime().spawn(...)"
+        )
 
 
 _running: ContextVar[Stream | None] = ContextVar("celldialog_handler", default=None)

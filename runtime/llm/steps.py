@@ -317,7 +317,9 @@ def _check_arguments(tool: Tool, arguments: dict[str, Any]) -> str | None:
     import jsonschema  # on first use: importing the port stays cheap
 
     try:
-        validator = _validator(json.dumps(tool.input_schema, sort_keys=True))
+        validator = _tool_validator(tool)
+        if validator.is_valid(arguments):  # the common case: no error tree to rank
+            return None
         error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     except RecursionError:
         return (f"Invalid arguments for tool {tool.name!r}: they nest too deeply to check. "
@@ -331,6 +333,22 @@ def _check_arguments(tool: Tool, arguments: dict[str, Any]) -> str | None:
     where = "".join(f"/{p}" for p in error.absolute_path) or "the top level"
     return (f"Invalid arguments for tool {tool.name!r}: at {where}, "
             f"{cap_message(error.message, _DETAIL_CHARS)}. {_schema_hint(tool)}")
+
+
+_BY_TOOL: dict[int, tuple[Tool, Any]] = {}  # id(tool) -> (tool: keeps the id unique, validator)
+
+
+def _tool_validator(tool: Tool) -> Any:
+    """The validator of a tool's schema. A caller advertises the same ``Tool`` objects step
+    after step, so they are looked up by identity first (no canonical JSON per call)."""
+    hit = _BY_TOOL.get(id(tool))
+    if hit is not None and hit[0] is tool:
+        return hit[1]
+    validator = _validator(json.dumps(tool.input_schema, sort_keys=True))
+    if len(_BY_TOOL) >= 1024:
+        _BY_TOOL.clear()
+    _BY_TOOL[id(tool)] = (tool, validator)
+    return validator
 
 
 @functools.lru_cache(maxsize=256)
