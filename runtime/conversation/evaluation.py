@@ -83,7 +83,7 @@ class Evaluation:
             sources.append(WorkspaceTools(state.workspace))
         for server in state.mcp:
             sources.append(await self._open_mcp(server))
-        if state.skills:
+        if state.skills or state.workspace is not None:  # built-in skills come with both
             sources.append(await self._open_skills(state))
         for source in sources:
             for tool in await source.list_tools():
@@ -117,9 +117,9 @@ class Evaluation:
         key = ("skills", state.skills)
         toolset = self._open.get(key)
         if toolset is None:
-            from .skill_source import open_skills
+            from .skills import Skills
 
-            toolset = self._open[key] = await open_skills(state.skills, state.workspace)
+            toolset = self._open[key] = await Skills(installed=state.skills).open()
         return toolset
 
     async def aclose(self) -> None:

@@ -265,14 +265,19 @@ class LLM:
     def with_skills(self, directory: str | os.PathLike[str]) -> LLM:
         """Install the skills (``SKILL.md`` with ``name``/``description`` frontmatter) found
         anywhere under ``directory``; the model lists them with ``ListSkills`` and reads one
-        with ``ReadSkill``."""
-        path = Path(directory)
-        if not path.is_dir():
-            raise ConversationError(f"with_skills: {str(path)!r} is not a directory")
+        with ``ReadSkill`` (offered, with the built-in skills, once skills are installed or
+        a workspace is bound). A later installation wins over an earlier one; built-in
+        skills are never shadowed."""
+        from .skills import Skills
+
+        try:
+            Skills().with_skills(directory)  # a directory that is not one fails here
+        except Exception as e:
+            raise ConversationError(str(e)) from None
 
         def apply(s: State) -> State:
-            kept = tuple(p for p in s.skills if p != path)
-            return replace(s, skills=(*kept, path), advertised=None)
+            return replace(s, skills=Skills(installed=s.skills).with_skills(directory).installed,
+                           advertised=None)
 
         return self._derive(apply)
 
@@ -312,20 +317,22 @@ class LLM:
             tools += WorkspaceTools(s.workspace).tools
         notes = [f"MCP server `{m.name}` (`{m.command_line}`): its tools are listed when it "
                  "starts, at the first step." for m in s.mcp]
-        notes += [f"Skills from `{p}`: served by the ListSkills and ReadSkill tools."
-                  for p in s.skills]
+        if s.skills or s.workspace is not None:
+            notes.append("Skills (built-in" + "".join(f", `{p}`" for p in s.skills)
+                         + "): served by the ListSkills and ReadSkill tools.")
         if s.static_tools and tools:
             notes.insert(0, "Static mode: the model calls these through list_methods and "
                             "call_method.")
         return _tools_markdown(tools, notes)
 
     @property
-    def skills(self) -> list[Any]:
-        """The skills visible to the model, as ``ListSkills`` serves them."""
-        from .skill_source import list_skills
+    def skills(self) -> tuple[Any, ...]:
+        """The skills visible to the model (``runtime.conversation.skills.Skill``: name,
+        description, source, path), in the order ``ListSkills`` serves them: built-in,
+        then installed. Reads the directories now."""
+        from .skills import Skills
 
-        s = self._done("skills")
-        return list_skills(s.skills, s.workspace)
+        return Skills(installed=self._done("skills").skills).skills
 
     # -- queued work -----------------------------------------------------------------
 
