@@ -586,3 +586,53 @@ async def test_a_pattern_tool_runs_fresh_and_cannot_write_the_callers_cells():
         assert second["is_error"]  # a link to the caller's cell is refused as an argument
         assert inst.result.key("items").get() == ["keep"]
         assert rt.model.requests[0].tools[0].input_schema["required"] == ["text"]
+
+
+# -------------------------------------------------- links in the model's input: live cells
+
+
+@handler(event={"type": "object", "required": ["target", "title"],
+                "properties": {"target": {"asCell": True}, "title": {"type": "string"}}})
+def add_to(event, log):
+    target = event["target"]  # a live Cell: the schema asks for one
+    target.push(event["title"])  # writes the list the model pointed at
+    log.push(repr(type(target).__name__))
+
+
+@pattern(name="linking-agent")
+def linking_agent():
+    groceries = cell([], scope="user", name="groceries")
+    chores = cell([], scope="user", name="chores")
+    log = cell([], name="log")
+    messages = cell([], scope="session", name="messages")
+    chat = llm_dialog(messages, tools={"addTo": {"description": "Add to a list",
+                                                 "handler": add_to(log=log)}})
+    return {"groceries": groceries, "chores": chores, "log": log, "messages": messages,
+            "send": chat.add_message, "pending": chat.pending}
+
+
+async def test_links_in_the_model_input_become_live_cells_and_stay_in_scope():
+    model = ScriptedModel([])
+    async with Runtime(model=model) as rt:
+        bob = rt.run(linking_agent, user="bob", session="b")
+        inst = rt.run(linking_agent, user="alice", session="a")
+        groceries = inst.result.key("groceries").resolve()
+        chores = inst.result.key("chores").resolve()
+        bobs = bob.result.key("groceries").link()  # another user's cell, scope explicit
+        model.add(Reply(tool_calls=[
+            call("addTo", {"target": {"@link": f"/{groceries.id}"}, "title": "milk"}),
+            # a JSON string holding a link, and a bare path: both name a cell
+            call("addTo", {"target": f'{{"@link": "/{chores.id}"}}', "title": "sweep"}),
+            call("addTo", {"target": f"/{groceries.id}", "title": "eggs"}),
+            call("addTo", {"target": bobs, "title": "stolen"}),
+        ]), "done")
+        await inst.send("send", "go")
+        await rt.settled()
+        assert inst.result.key("groceries").get() == ["milk", "eggs"]
+        assert inst.result.key("chores").get() == ["sweep"]
+        assert inst.result.key("log").get() == ["'Cell'"] * 3
+        assert bob.result.key("groceries").get() == []  # never reached
+        results = [b for m in inst.result.key("messages").get() for b in m["blocks"]
+                   if b["kind"] == "tool_result"]
+        assert [r["is_error"] for r in results] == [False, False, False, True]
+        assert "cannot be reached" in results[3]["content"]

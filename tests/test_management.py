@@ -44,7 +44,8 @@ def frozen(event, items):
 @handler(event={"type": "object", "properties": {"target": {"asCell": True}},
                 "required": ["target"]})
 def remember(event, seen):
-    seen.push(event["target"]["@link"] + " " + event["target"].get("scope", ""))
+    link = event["target"].link()  # a live cell: the schema asks for one
+    seen.push(link["@link"] + " " + link.get("scope", ""))
 
 
 ARG_SCHEMA = {"type": "object", "properties": {

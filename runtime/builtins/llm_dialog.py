@@ -281,6 +281,8 @@ class _Turns:
         """From the pattern's side: show a cell under "# Available Cells" from the next step
         on, as the model's ``pin`` does (``{"path": cell.link() or "/<id>/<path>", "name"}``)."""
         path = event["path"]
+        if isinstance(path, Cell):  # the schema asks for a cell: it arrives live
+            path = path.link()
         if is_link(path):
             entry = {"path": path["@link"], "name": event.get("name") or path["@link"]}
             if path.get("scope"):
@@ -496,14 +498,18 @@ class _Turns:
                 return outcome.as_tool_result(call.id)
             if run.dead:
                 raise ToolError("the turn was cancelled; the tool did not run")
+            assert run.management is not None
+            # links the model sends (where the event schema asks for a cell) reach only the
+            # dialog's scopes; the handler gets them as live cells
+            event = run.management.accept_input(call.input, spec.stream, "input")
             token = _tool_result.set(self.tool_output.key(call.id))
             try:
                 if run.step_tx is not None:  # in the step's commit (see _append)
                     with run.step_tx.bound():
-                        rt.deliver(spec.stream, call.input)
+                        rt.deliver(spec.stream, event)
                         output = self.tool_output.key(call.id).get(None)
                 else:
-                    await rt.send(spec.stream, call.input)
+                    await rt.send(spec.stream, event)
                     output = self.tool_output.key(call.id).get(None)
             finally:
                 _tool_result.reset(token)

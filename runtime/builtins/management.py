@@ -40,7 +40,7 @@ from ..cells.jsonpath import MISSING, Path, is_link, parse_pointer, pointer
 from ..cells.schema import asks_for_link, subschema
 from ..cells.scope import Scope
 from ..errors import CelldialogError, LinkError, PathError, PatternError
-from ..llm import Tool, ToolResult
+from ..llm import Tool, ToolError, ToolResult
 from ..storage import DocKey
 
 if TYPE_CHECKING:
@@ -649,6 +649,16 @@ class Management:
             return {"type": "array", "items": self._infer(value[0], holder, depth, seen)
                     } if value else {"type": "array"}
         return {"type": _json_type(value)}
+
+    def accept_input(self, value: Any, stream: Stream, where: str) -> Any:
+        """The model's input for ``stream``'s handler with its links checked and made
+        explicit, as ``invoke`` does (a path, a link, or a JSON string holding one, only
+        where the event schema asks for a cell); raises ``ToolError`` saying what to send
+        instead."""
+        try:
+            return self._accept_links(value, stream.event_schema, (), stream._key.scope, where)
+        except _Refused as e:
+            raise ToolError(str(e)) from None
 
     def _accept_links(self, value: Any, schema: Any, at: tuple[Any, ...], holder_scope: str,
                       where: str) -> Any:

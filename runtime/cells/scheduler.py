@@ -9,6 +9,7 @@ reported with the handlers involved instead of spinning forever.
 from __future__ import annotations
 
 import inspect
+import json
 from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -22,9 +23,10 @@ from ..errors import (
     StreamError,
     UsageError,
 )
+from ..storage import DocKey
 from . import signals
-from .documents import Documents, Transaction, TxState, current_transaction
-from .jsonpath import Path, check_json, copy_json, pointer
+from .documents import Documents, Transaction, TxState, current_transaction, parse_link
+from .jsonpath import Path, check_json, copy_json, is_link, pointer
 from .schema import asks_for_link, subschema, validate
 
 if TYPE_CHECKING:
@@ -190,6 +192,8 @@ def _call(stream: Stream, payload: Any, tx: Transaction) -> None:
     event = copy_json(payload)  # its own copy: the sender's value is never reached
     if handler.event_model is not None:
         event = handler.event_model.model_validate(event)
+    elif _asks_for_cells(handler.event_schema):
+        event = _live(event, handler.event_schema, tx.docs, stream._key)
     with tx.bound(), signals.untracked():
         returned = handler.fn(event, **stream.bindings)
     if inspect.isawaitable(returned):
@@ -199,6 +203,37 @@ def _call(stream: Stream, payload: Any, tx: Transaction) -> None:
             f"handler {stream.name} returned an awaitable, which never runs: handlers "
             "are synchronous; start async work with current_runtime().spawn(...)"
         )
+
+
+_CELL_SCHEMAS: dict[int, tuple[Any, bool]] = {}  # id(schema) -> (schema, mentions asCell)
+
+
+def _asks_for_cells(schema: Any) -> bool:
+    """Does an event schema ask for a cell anywhere? (Looked up by identity: a handler's
+    schema is the same object event after event.)"""
+    if not isinstance(schema, dict):
+        return False
+    hit = _CELL_SCHEMAS.get(id(schema))
+    if hit is None or hit[0] is not schema:
+        if len(_CELL_SCHEMAS) >= 1024:
+            _CELL_SCHEMAS.clear()
+        hit = _CELL_SCHEMAS[id(schema)] = (schema, '"asCell"' in json.dumps(schema))
+    return hit[1]
+
+
+def _live(value: Any, schema: Any, docs: Documents, base: DocKey) -> Any:
+    """The event with each link where its schema asks for a cell (``{"asCell": true}``)
+    turned into a live ``Cell`` (a bare path resolves in the stream's own scope)."""
+    if asks_for_link(schema) and is_link(value):
+        from .cell import Cell
+
+        key, path = parse_link(value, base)
+        return Cell(docs, key, path)
+    if type(value) is dict:
+        return {k: _live(v, subschema(schema, (k,)), docs, base) for k, v in value.items()}
+    if type(value) is list:
+        return [_live(v, subschema(schema, (i,)), docs, base) for i, v in enumerate(value)]
+    return value
 
 
 _running: ContextVar[Stream | None] = ContextVar("celldialog_handler", default=None)
