@@ -203,8 +203,12 @@ async def reachable(model: Model, timeout: float = 5.0) -> None:
     except (OSError, TimeoutError) as e:
         why = "timed out" if isinstance(e, TimeoutError) else (
             getattr(e, "strerror", None) or str(e) or type(e).__name__)
+        from ..llm.safety import is_loopback_host
+
         var = PROVIDER_VARS.get(model.provider)
-        fix = f"start it, or point {var.base_url} elsewhere" if var else "start it"
+        fix = "start the server" if is_loopback_host(host) else "check the network"
+        if var:
+            fix += f", or point {var.base_url} elsewhere"
         from .errors import EXIT_MODEL
 
         raise CliError(
