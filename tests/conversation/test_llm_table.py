@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from runtime import LLM
-from runtime.conversation import NotEvaluatedError
+from runtime.conversation import NotEvaluatedError, PortableIdError
 from runtime.conversation.state import DEFAULT_SYSTEM_PROMPT
 from runtime.llm import Message, Reply, Role, ScriptedModel, TextBlock, ToolUse, Usage, call
 
@@ -247,6 +247,12 @@ async def test_with_workspace_and_workspace() -> None:
             done = await llm.with_prompt("add milk").loop()
         assert inst.result.key("items").get() == ["milk"]
         assert done.messages[4].blocks[0].content == '["milk"]'
+        tools = {t.name for t in model.requests[0].tools}
+        assert {"add", "workspace_read", "ListSkills", "ReadSkill"} == tools
+        with pytest.raises(PortableIdError, match="workspace"):
+            _ = done.portable_id
+    with pytest.raises(Exception, match="running pattern instance"):
+        LLM(model=model).with_workspace(object())
 
 
 async def test_id_sync_and_emit_history() -> None:
