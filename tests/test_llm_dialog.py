@@ -3,6 +3,7 @@ issue 7: turns, handler tools, presentResult, cancellation, errors, scopes)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -636,3 +637,96 @@ async def test_links_in_the_model_input_become_live_cells_and_stay_in_scope():
                    if b["kind"] == "tool_result"]
         assert [r["is_error"] for r in results] == [False, False, False, True]
         assert "cannot be reached" in results[3]["content"]
+
+
+# ------------------------------------------- invoke: running a pattern, not the dialog itself
+
+
+@pattern(name="greeting", argument_schema={"type": "object", "required": ["who"],
+                                           "properties": {"who": {"type": "string"}}})
+def greeting(who):
+    return {"text": lift(lambda w: f"hello {w}")(who)}
+
+
+@pattern(name="invoking-agent")
+def invoking_agent():
+    messages = cell([], scope="session", name="messages")
+    chat = llm_dialog(messages)
+    return {"messages": messages, "send": chat.add_message, "cancel": chat.cancel_generation,
+            "pending": chat.pending, "greet": greeting}
+
+
+def _results(inst: Any) -> list[dict[str, Any]]:
+    return [b for m in inst.result.key("messages").get() for b in m["blocks"]
+            if b["kind"] == "tool_result"]
+
+
+async def test_invoke_runs_a_pattern_a_result_names_and_returns_where_its_result_lives():
+    model = ScriptedModel([])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(invoking_agent, user="alice", session="a")
+        where = f"/{inst.result.id}/greet"
+        model.add(Reply(tool_calls=[call("read", {"path": where}),
+                                    call("invoke", {"path": where, "args": {"who": "ada"}}),
+                                    call("invoke", {"path": where, "args": {"who": 7}})]),
+                  "done")
+        await inst.send("send", "greet ada")
+        await rt.settled()
+        read, ran, bad = _results(inst)
+        assert not read["is_error"] and '"$pattern": "greeting"' in read["content"]
+        assert not ran["is_error"], ran
+        out = json.loads(ran["content"])
+        assert out["result"] == {"text": "hello ada"}
+        # the location is a real result: the model can read it again
+        loc = out["@resultLocation"]
+        model.add(Reply(tool_calls=[call("read", {"path": loc})]), "ok")
+        await inst.send("send", "read it")
+        await rt.settled()
+        assert json.loads(_results(inst)[-1]["content"]) == {"text": "hello ada"}
+        assert bad["is_error"] and "who" in bad["content"]  # the argument schema speaks
+
+
+async def test_the_model_cannot_send_to_its_own_dialog_streams():
+    model = ScriptedModel([])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(invoking_agent, user="alice", session="a")
+        calls = [call("invoke", {"path": f"/{inst.result.id}/{name}", "args": "hi"})
+                 for name in ("send", "cancel")]
+        model.add(Reply(tool_calls=calls), "done")
+        await inst.send("send", "go")
+        await rt.settled()
+        results = _results(inst)
+        assert [r["is_error"] for r in results] == [True, True]
+        assert all("own inputs" in r["content"] for r in results)
+        texts = [m for m in inst.result.key("messages").get() if m["role"] == "user"
+                 and m["blocks"][0]["kind"] == "text"]
+        assert len(texts) == 1  # no message sent by the model to itself
+        assert inst.result.key("pending").get() is False
+
+
+async def test_system_may_be_a_cell_read_at_every_step():
+    @pattern
+    def agent():
+        persona = cell("You are terse.", name="persona")
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, system=persona, builtin_tools=False)
+        return {"persona": persona, "messages": messages, "send": chat.add_message}
+
+    model = ScriptedModel(["one", "two"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(agent)
+        await inst.send("send", "hi")
+        await rt.settled()
+        inst.result.key("persona").set("You are verbose.")
+        await inst.send("send", "again")
+        await rt.settled()
+        assert [r.system for r in model.requests] == ["You are terse.", "You are verbose."]
+
+    with pytest.raises(PatternError, match="string or a Cell"):
+        async with Runtime(model=model) as rt:
+
+            @pattern
+            def bad():
+                return {"chat": llm_dialog(cell([], name="m"), system=42).pending}
+
+            rt.run(bad)

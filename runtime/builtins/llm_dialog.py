@@ -95,7 +95,7 @@ class _ToolSpec:
     pattern: Pattern | None = None  # a pattern tool: run fresh for each call
 
 
-def llm_dialog(messages: Cell, *, system: str | None = None,
+def llm_dialog(messages: Cell, *, system: str | Cell | None = None,
                tools: Mapping[str, Any] | None = None, model: str | Model | None = None,
                max_tokens: int | None = None, context: Mapping[str, Cell] | None = None,
                builtin_tools: bool = True, result_schema: dict[str, Any] | None = None,
@@ -104,8 +104,10 @@ def llm_dialog(messages: Cell, *, system: str | None = None,
     """A dialog over ``messages`` (a cell holding the port's messages as JSON). Call it
     inside a ``@pattern``; send a string (or a user message) to ``add_message``.
 
-    ``takeover_after`` (seconds of the runtime's clock): a turn whose heartbeat is older is
-    taken to be dead (its process stopped), and the next message starts a new turn."""
+    ``system`` is a string, or a Cell holding one (read at every step, so an edit applies
+    from the next model call). ``takeover_after`` (seconds of the runtime's clock): a turn
+    whose heartbeat is older is taken to be dead (its process stopped), and the next message
+    starts a new turn."""
     if not isinstance(messages, Cell):
         raise PatternError(f"llm_dialog(messages=...) takes a Cell, got {messages!r}")
     context = dict(context or {})
@@ -113,7 +115,11 @@ def llm_dialog(messages: Cell, *, system: str | None = None,
         if not isinstance(c, Cell):
             raise PatternError(f"llm_dialog context {key!r} must be a Cell, got {c!r}")
     catalog = _catalog(tools or {}, builtin_tools, result_schema)
-    node = BuiltinNode("llm_dialog", [messages, *context.values()], name=name)
+    if system is not None and not isinstance(system, str | Cell):
+        raise PatternError(f"llm_dialog(system=...) takes a string or a Cell holding one, "
+                           f"got {type(system).__name__}")
+    inputs = [messages, *context.values(), *([system] if isinstance(system, Cell) else [])]
+    node = BuiltinNode("llm_dialog", inputs, name=name)
     turn = _Turns(node, messages, system, catalog, model, max_tokens, context, max_steps,
                   builtin_tools is not False, takeover_after)
     return Dialog(
@@ -212,13 +218,13 @@ class _Run:
 class _Turns:
     """One dialog node: its state cells, its two streams, and the turn it may be running."""
 
-    def __init__(self, node: BuiltinNode, messages: Cell, system: str | None,
+    def __init__(self, node: BuiltinNode, messages: Cell, system: str | Cell | None,
                  catalog: dict[str, _ToolSpec], model: str | Model | None,
                  max_tokens: int | None, context: dict[str, Cell], max_steps: int,
                  builtins_on: bool, takeover_after: float) -> None:
         self.node = node
         self.messages = messages
-        self.system = system or ""
+        self.system: str | Cell = "" if system is None else system
         self.catalog = catalog
         self.model = model
         self.max_tokens = max_tokens
@@ -241,6 +247,8 @@ class _Turns:
         self.cancel_stream = node.stream("cancel_generation", self._on_cancel)
         self.pin_stream = node.stream("pin_cell", self._on_pin, event=_PIN_EVENT)
         self.unpin_all_stream = node.stream("unpin_all_cells", self._on_unpin_all)
+        self.own_streams = frozenset(s._key for s in (
+            self.add_stream, self.cancel_stream, self.pin_stream, self.unpin_all_stream))
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._runs: dict[str, _Run] = {}  # what each running turn of this process knows
         self._rt: Runtime | None = None  # known once a turn was accepted here
@@ -342,6 +350,7 @@ class _Turns:
         try:
             model = self._resolve(rt)
             run.management = Management(rt, pins=self.pins, space=self.node.space,
+                                        own_streams=self.own_streams,
                                         scope=self.node.scope.key)
             history = tuple(Message.model_validate(m) for m in self.messages.get())
             stable = len(history)
@@ -566,7 +575,12 @@ class _Turns:
         """Rebuilt each step: the pattern's system prompt, the guide to cells (built-ins on),
         then "# Available Cells" (context first, then pins). Stable while nothing changes:
         it is the cacheable prefix of every request."""
-        parts = [self.system] if self.system else []
+        system = self.system
+        if isinstance(system, Cell):  # read at each step: an edit applies from the next one
+            value = system.get(None)
+            system = value if isinstance(value, str) else "" if value is None else json.dumps(
+                value)
+        parts = [system] if system else []
         if self.builtins_on:
             parts.append(MANAGEMENT_GUIDE)
         assert run.management is not None

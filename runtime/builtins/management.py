@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ..cells import Cell, Stream
 from ..cells.documents import make_link, parse_link
 from ..cells.jsonpath import MISSING, Path, is_link, parse_pointer, pointer
+from ..cells.runtime import PATTERN_REF
 from ..cells.schema import asks_for_link, subschema
 from ..cells.scope import Scope
 from ..errors import CelldialogError, LinkError, PathError, PatternError
@@ -84,8 +86,9 @@ MANAGEMENT_TOOLS: tuple[Tool, ...] = (
         input_schema={"type": "object", "properties": {"path": _PATH}, "required": ["path"]}),
     Tool(name="invoke", description=(
         "Send an event to a stream (a handler, e.g. an entry shown as {\"$stream\": ...}) and "
-        "run it. `args` is the event, shaped as the stream's schema asks (see the schema "
-        "tool); it defaults to {}. Returns a confirmation, or the handler's error."),
+        "run it; or run a pattern (an entry shown as {\"$pattern\": ...}) with `args` as its "
+        "arguments, which returns where its result lives and what it holds. `args` is shaped "
+        "as the schema tool says; it defaults to {}. Returns a confirmation, or the error."),
         input_schema={"type": "object", "properties": {
             "path": _PATH,
             "args": {"description": "The event to send (any JSON; usually an object)."},
@@ -178,7 +181,8 @@ class Management:
     """
 
     def __init__(self, rt: Runtime, *, pins: Cell, space: str | None = None,
-                 scope: str | None = None, read_limit: int = READ_LIMIT) -> None:
+                 scope: str | None = None, read_limit: int = READ_LIMIT,
+                 own_streams: frozenset[DocKey] = frozenset()) -> None:
         if not isinstance(pins, Cell):
             raise PatternError(f"Management(pins=...) takes a Cell, got {pins!r}")
         self.rt = rt
@@ -194,6 +198,7 @@ class Management:
         self.scope = scope
         self.base = DocKey(self.space, scope, "")
         self.read_limit = read_limit
+        self.own_streams = own_streams  # the dialog's own inputs: never sent to by its model
         self._tools: dict[str, Callable[[dict[str, Any]], Awaitable[ToolOutcome]]] = {
             "read": self._read, "invoke": self._invoke, "schema": self._schema,
             "pin": self._pin, "unpin": self._unpin, "updateArgument": self._update_argument,
@@ -234,6 +239,12 @@ class Management:
     async def _invoke(self, args: dict[str, Any]) -> ToolOutcome:
         target = self._target(args)
         key, path, value = self._value_at(target)
+        if isinstance(value, dict) and set(value) == {PATTERN_REF}:
+            return self._run_pattern(value[PATTERN_REF], args.get("args", {}))
+        if key in self.own_streams:
+            raise _Refused(
+                f"{self._show(key, ())} is one of this dialog's own inputs (its messages, "
+                "cancel and pins come from the user, not from you): answer in text instead.")
         if not self._is_stream(key, path, value):
             raise _Refused(
                 f"{self._show(target.key, target.path)} is not a stream (it holds "
@@ -256,6 +267,24 @@ class Management:
                                f"kept: {_describe(e)}.{hint}", True)
         return ToolOutcome(f"Sent to {self._show(key, ())} (handler {stream.name}); it ran "
                            "and its changes were committed.")
+
+    def _run_pattern(self, name: Any, event: Any) -> ToolOutcome:
+        """Run the pattern a result names, fresh (a new instance each time), in the dialog's
+        space and scope, with ``event`` as its arguments."""
+        pattern = self.rt.pattern_named(name) if isinstance(name, str) else None
+        if pattern is None:
+            raise _Refused(f"no running pattern is named {_short(name)}; read the entry "
+                           "again, the pattern that offered it may have stopped.")
+        if not isinstance(event, dict):
+            raise _Refused(f"a pattern takes an object of arguments, got {_kind(event)}.")
+        event = self._accept_links(event, pattern.argument_schema, (), self.scope, "args")
+        scope = self._scope
+        inst = self.rt.run(pattern, event, space=self.space, user=scope.user,
+                           session=scope.session, cause=["invoke", uuid.uuid4().hex])
+        return ToolOutcome(self._json({
+            "@resultLocation": self._ref(inst.result._key, ()),
+            "result": self._materialize(inst.result.raw(), inst.result._key),
+        }, self.read_limit, f"the result of {pattern.name}"))
 
     # -- schema ----------------------------------------------------------------------
 

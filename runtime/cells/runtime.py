@@ -27,7 +27,10 @@ from .pattern import Builder, Pattern, _builder
 from .scheduler import MAX_CHAIN, Scheduler, running_stream
 from .scope import Scope
 
-__all__ = ["Instance", "Runtime", "current_instance", "current_runtime"]
+__all__ = ["PATTERN_REF", "Instance", "Runtime", "current_instance", "current_runtime"]
+
+PATTERN_REF = "$pattern"
+"""How a pattern in an instance's result is stored: ``{"$pattern": <its key>}``."""
 
 
 def current_instance() -> Instance:
@@ -115,6 +118,7 @@ class Runtime:
         self._work: anyio.Event | None = None  # the pump's, while it waits for events
         self.scheduler = Scheduler(self.docs, wake=self._poke, max_chain=max_event_chain)
         self._instances: dict[tuple[Any, ...], Instance] = {}
+        self._patterns: dict[str, Pattern] = {}  # patterns named in results ({"$pattern"})
         self._tg: TaskGroup | None = None
         self._state = _State.NEW
         self._inflight = 0
@@ -214,7 +218,7 @@ class Runtime:
         finally:
             _builder.reset(token)
         streams: dict[str, Stream] = {}
-        value = _to_document(output, (), streams)
+        value = _to_document(output, (), streams, self._patterns)
         res_key = DocKey(space, scope.key, derive(cause_id, "result"))
         self.docs.declare(
             res_key, value, None, f"{pattern.name} result", overwrite=True,
@@ -341,6 +345,10 @@ class Runtime:
                 raise ClosedError(f"{what} after the runtime closed")
             raise ClosedError(f"{what} needs a running runtime: use `async with Runtime()`")
 
+    def pattern_named(self, key: str) -> Pattern | None:
+        """A pattern some running instance put in its result (``{"$pattern": key}``)."""
+        return self._patterns.get(key)
+
     def deliver(self, stream: Stream, event: Any) -> None:
         """Run ``stream``'s handler on ``event`` now, inside this task's open transaction
         (``begin()`` or ``transaction()``), as one part of a larger atomic change; see
@@ -366,18 +374,25 @@ class Runtime:
         return f"Runtime({self.store!r}, {len(self._instances)} instances)"
 
 
-def _to_document(value: Any, path: tuple[str, ...], streams: dict[str, Stream]) -> Any:
+def _to_document(value: Any, path: tuple[str, ...], streams: dict[str, Stream],
+                 patterns: dict[str, Pattern]) -> Any:
     """A pattern's output as a document: cells become links, streams links to their
-    stream documents (and are collected by dotted name)."""
+    stream documents (and are collected by dotted name), patterns ``{"$pattern": key}``
+    (known to the runtime by key, so a dialog's ``invoke`` can run them)."""
     if isinstance(value, Cell):
         return value.link()
     if isinstance(value, Stream):
         streams[".".join(path)] = value
         return value.link()
+    if isinstance(value, Pattern):
+        patterns[value.key] = value
+        return {PATTERN_REF: value.key}
     if isinstance(value, dict):
-        return {str(k): _to_document(v, (*path, str(k)), streams) for k, v in value.items()}
+        return {str(k): _to_document(v, (*path, str(k)), streams, patterns)
+                for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_to_document(v, (*path, str(i)), streams) for i, v in enumerate(value)]
+        return [_to_document(v, (*path, str(i)), streams, patterns)
+                for i, v in enumerate(value)]
     if value is MISSING:
         return None
     return check_json(value, f"pattern output at /{'/'.join(path)}")
