@@ -151,9 +151,10 @@ class ModelChoice:
         return f"{self.model.provider}:{self.model.name}"
 
 
-def why_default(explicit: str | None) -> str:
-    """Why ``resolve_model(explicit)`` picks what it picks, in the resolver's precedence:
-    the argument, then ``CELLDIALOG_MODEL`` (environment, then ``.env``), then the default."""
+def why_default(explicit: str | None, model: Model | None = None) -> str:
+    """Why ``resolve_model(explicit)`` picks what it picks (``model``, when it did), in the
+    resolver's precedence: the argument, then ``CELLDIALOG_MODEL`` (environment, then
+    ``.env``), then the default."""
     from ..llm.config import DEFAULT_MODEL_VAR, PROVIDER_VARS, Settings
 
     if explicit and explicit.strip():
@@ -163,6 +164,9 @@ def why_default(explicit: str | None) -> str:
     settings = Settings()
     if settings.get(DEFAULT_MODEL_VAR):
         return f"{DEFAULT_MODEL_VAR} in .env"
+    if model is not None and model.provider == "local":
+        return (f"the default: no --model and {DEFAULT_MODEL_VAR} unset, so the embedded "
+                "local model, offline")
     keys = [v.api_key for v in PROVIDER_VARS.values() if settings.get(v.api_key)]
     have = f"{', '.join(keys)} set" if keys else "no provider key set"
     return f"the default: no --model, {DEFAULT_MODEL_VAR} unset, {have}"
@@ -173,7 +177,8 @@ def choose_model(name: str | None) -> ModelChoice:
     line before anything starts. Raises the port's ``ConfigurationError``."""
     from ..llm import resolve_model
 
-    return ModelChoice(resolve_model(name or None), why_default(name))
+    model = resolve_model(name or None)
+    return ModelChoice(model, why_default(name, model))
 
 
 async def reachable(model: Model, timeout: float = 5.0) -> None:
