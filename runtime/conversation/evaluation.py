@@ -73,8 +73,8 @@ class Evaluation:
         key = (tuple(id(b.obj) for b in state.objects), state.blocked, state.mcp,
                state.skills, id(state.workspace), state.static_tools,
                tuple(b.except_ for b in state.objects))
-        if self._catalog is not None and key == self._catalog_key:
-            return self._catalog
+        if self._catalog is not None and key == self._catalog_key and not state.mcp:
+            return self._catalog  # (an MCP server's tools may change: listed per op)
         tools: list[Tool] = []
         routes: dict[str, tuple[Toolset, str]] = {}
         objects = ObjectTools(state.objects, state.blocked) if state.objects else None

@@ -169,3 +169,17 @@ async def test_values_are_immutable() -> None:
         llm.foo = 1  # type: ignore[attr-defined]
     assert llm.with_prompt("a") is not llm and not llm.messages
     assert [m.role for m in llm.with_prompt("a").with_prompt("b").messages] == [Role.USER]
+
+
+async def test_a_prompt_queued_after_tool_results_travels_with_them() -> None:
+    gate = Gate()
+    gate.release.set()
+    model = ScriptedModel([Reply(tool_calls=[call("wait")]), "both seen"])
+    with anyio.fail_after(LIMIT):
+        stepped = await LLM(model=model).with_tools(gate).with_prompt("go").step()
+        done = await stepped.with_prompt("and hurry").loop()
+    sent = model.requests[1].messages
+    assert len(sent) == 3 and valid(sent)
+    results, text = sent[2].blocks
+    assert results.kind == "tool_result" and text.text == "and hurry"
+    assert done.last_reply == "both seen"
