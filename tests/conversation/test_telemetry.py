@@ -67,6 +67,15 @@ async def test_a_failed_step_is_an_error_span(spans) -> None:
     assert "no credit" in step.status.description
 
 
+async def test_an_agents_loop_span_carries_its_handle(spans) -> None:
+    agent = LLM(model=ScriptedModel(["hi"])).spawn("greeter")
+    async with agent:
+        with anyio.fail_after(LIMIT):
+            await agent.send("hello")
+    loop = next(s for s in spans.get_finished_spans() if s.name == "celldialog.llm.loop")
+    assert loop.attributes["celldialog.agent.id"] == agent.handle
+
+
 async def test_emit_history_re_emits_a_loaded_conversation(spans) -> None:
     model = ScriptedModel([Reply(tool_calls=[call("add", {"line": "x"})]), "done"])
     with anyio.fail_after(LIMIT):
