@@ -48,7 +48,7 @@ class RunOp:
 class Evaluation:
     """The open sources and the op in flight of one evaluation."""
 
-    def __init__(self, task_group: TaskGroup, *, agent: str | None = None) -> None:
+    def __init__(self, task_group: TaskGroup | None, *, agent: str | None = None) -> None:
         self._tg = task_group
         self._agent = agent
         self._open: dict[Any, Toolset] = {}  # MCP servers and skills, by their spec
@@ -110,6 +110,8 @@ class Evaluation:
     async def _open_mcp(self, server: Any) -> Toolset:
         toolset = self._open.get(server)
         if toolset is None:
+            if self._tg is None:  # the LLM opens one whenever an MCP server may be bound
+                raise RuntimeError("an MCP server was bound without the evaluation knowing")
             toolset = self._open[server] = await server.open(self._tg)
         return toolset
 
@@ -124,6 +126,8 @@ class Evaluation:
 
     async def aclose(self) -> None:
         """Close every source opened (an MCP server's process is gone when this returns)."""
+        if not self._open:
+            return
         with anyio.CancelScope(shield=True):
             for toolset in self._open.values():
                 await toolset.aclose()

@@ -59,12 +59,12 @@ _EFFORTS = ("", "none", "low", "medium", "high")
 class _Memo:
     """The mutable side of a value: its evaluation's result or progress, and its id."""
 
-    __slots__ = ("id", "lock", "progress", "result")
+    __slots__ = ("id", "progress", "result", "running")
 
     def __init__(self) -> None:
         self.result: LLM | None = None
         self.progress: tuple[State, int, int] | None = None  # state, next op, its steps done
-        self.lock: anyio.Lock | None = None
+        self.running: anyio.Event | None = None  # set when the evaluation in flight ends
         self.id: str | None = None
 
 
@@ -260,6 +260,7 @@ class LLM:
             kept = tuple(m for m in s.mcp if m.name != name)
             return replace(s, mcp=(*kept, server), advertised=None)
 
+        apply.starts_processes = True  # type: ignore[attr-defined]  # an evaluation needs a task group
         return self._derive(apply)
 
     def with_skills(self, directory: str | os.PathLike[str]) -> LLM:
@@ -360,40 +361,53 @@ class LLM:
         if not self._ops:
             return self
         memo = self._memo
-        if memo.result is not None:
-            return memo.result
-        if memo.lock is None:
-            memo.lock = anyio.Lock()
-        async with memo.lock:
-            if memo.result is None:
+        while memo.result is None:
+            running = memo.running
+            if running is not None:  # another task evaluates it: share its outcome
+                await running.wait()
+                continue
+            memo.running = anyio.Event()
+            try:
                 memo.result = await self._evaluate(memo, agent)
                 memo.progress = None
+            finally:
+                running, memo.running = memo.running, None
+                running.set()
         return memo.result
 
     async def _evaluate(self, memo: _Memo, agent: str | None) -> LLM:
         state, start, steps = memo.progress or (self._state, 0, 0)
         ops = self._ops
+        if not (state.mcp or any(getattr(op, "starts_processes", False) for op in ops[start:])):
+            return await self._run_ops(memo, agent, state, start, steps, None)
         failure: Exception | None = None
-        async with anyio.create_task_group() as tg:  # MCP servers run in it
-            ev = Evaluation(tg, agent=agent)
-            i = start
+        async with anyio.create_task_group() as tg:  # the MCP servers run in it
             try:
-                for i in range(start, len(ops)):
-                    op = ops[i]
-                    if isinstance(op, RunOp):
-                        state = await ev.run(state, op, steps_done=steps if i == start else 0)
-                    else:
-                        state = op(state)
-            except BaseException as e:
-                progress = ev.interrupted()
-                memo.progress = (state, i, 0) if progress is None else (progress, i, ev.steps)
-                if not isinstance(e, Exception):
-                    raise
-                failure = e  # raised below, outside the task group, as it is
-            finally:
-                await ev.aclose()
+                result = await self._run_ops(memo, agent, state, start, steps, tg)
+            except Exception as e:  # raised below, as it is, not in an exception group
+                failure = e
         if failure is not None:
             raise failure
+        return result
+
+    async def _run_ops(self, memo: _Memo, agent: str | None, state: State, start: int,
+                       steps: int, tg: TaskGroup | None) -> LLM:
+        ops = self._ops
+        ev = Evaluation(tg, agent=agent)
+        i = start
+        try:
+            for i in range(start, len(ops)):
+                op = ops[i]
+                if isinstance(op, RunOp):
+                    state = await ev.run(state, op, steps_done=steps if i == start else 0)
+                else:
+                    state = op(state)
+        except BaseException:
+            progress = ev.interrupted()
+            memo.progress = (state, i, 0) if progress is None else (progress, i, ev.steps)
+            raise
+        finally:
+            await ev.aclose()
         return LLM._of(state)
 
     @property
