@@ -252,6 +252,7 @@ class Agent:
         finally:
             self._worker = None
             self._want = None
+            self._error = ""  # an error belongs to FAILED
             self._set(AgentState.STOPPED)
             if self._mailbox and self._tg is not None:  # sent to while it was stopping
                 self._launch()
