@@ -110,6 +110,8 @@ class Cell:
                 t = type(value)
                 if t is not dict and t is not list:
                     return value  # a scalar at a document's root: nothing to follow or copy
+                if not is_link(value):  # a document's root, not a link: nothing to resolve
+                    return self._docs.materialize(value, self._key)
             key, _, value = self._docs.resolve(self._key, self.path)
         except PathError:
             if default is not MISSING:
