@@ -58,7 +58,7 @@ def load_evals(spec: str | Path) -> list[BaseEval]:
         for f in files:
             found += evals_in(_import_file(f))
         return _checked(found, target)
-    if target.endswith(".py") or path.is_file():
+    if target.endswith(".py") or path.is_file() or "/" in target or "\\" in target:
         if not path.is_file():
             raise EvalLoadError(f"no such file or directory {target!r}", not_found=True)
         return _checked(_pick(evals_in(_import_file(path)), name, target), target)

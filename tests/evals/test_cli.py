@@ -1,0 +1,142 @@
+"""``celldialog eval``: through click's CliRunner and as a real process (the command object
+run as a script), on the suite's scripts: exit statuses, CSV, Markdown, --compare, and one
+clear line for each bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from runtime.cli.eval_cmd import command, eval_command
+from runtime.evals import read_csv
+
+REPO = Path(__file__).resolve().parents[2]
+SUITE = str(REPO / "evals")
+CORRECT = "scripted:evals.scripts:correct"
+WRONG = "scripted:evals.scripts:wrong"
+
+
+@pytest.fixture(autouse=True)
+def fresh_user(monkeypatch, tmp_path: Path) -> Path:
+    """No keys, no model named, no .env: a directory of its own."""
+    for var in list(os.environ):
+        if var.startswith(("OPENAI_", "ANTHROPIC_", "CELLDIALOG_")):
+            monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(eval_command, list(args), catch_exceptions=False)
+
+
+def test_correct_scripts_exit_0_and_write_the_csv_and_markdown(tmp_path: Path) -> None:
+    assert command is eval_command
+    result = _invoke(SUITE, "--models", CORRECT, "--attempts", "3", "--concurrency", "4",
+                     "--csv", "out.csv", "--markdown", "out.md")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "passed: every model x eval reached 80%" in result.stdout
+    assert "multi-step-tools" in result.stdout and "100%" in result.stdout
+    assert "evals" in result.stderr  # the progress bar
+    rows = read_csv(tmp_path / "out.csv")
+    assert len(rows) == 5 and all((r.attempts, r.successes) == (3, 3) for r in rows)
+    assert (tmp_path / "out.md").read_text().startswith("# Eval report")
+
+
+def test_a_model_below_the_threshold_exits_1_and_compare_shows_regressions(
+        tmp_path: Path) -> None:
+    assert _invoke(SUITE, "--models", CORRECT, "--csv", "before.csv").exit_code == 0
+    result = _invoke(SUITE, "--models", WRONG, "--compare", "before.csv", "--markdown", "r.md",
+                     "--only", "presents-result,multi-step-tools")
+    assert result.exit_code == 1
+    assert "failed: 2 of 2 model x evals below 80%" in result.stdout
+    assert "never called presentResult" in result.stdout
+    assert "Before -> after" in result.stdout and "removed" in result.stdout
+    md = (tmp_path / "r.md").read_text()
+    assert "# Eval comparison" in md and "| removed |" in md
+    # the same models as before: regressions
+    both = _invoke(SUITE, "--models", f"{CORRECT},{WRONG}", "--threshold", "0",
+                   "--compare", "before.csv", "--markdown", "c.md")
+    assert both.exit_code == 0  # a threshold of 0 passes anything
+    assert "| new | scripted:evals.scripts:wrong |" in (tmp_path / "c.md").read_text()
+
+
+def test_regressions_come_first(tmp_path: Path) -> None:
+    # the scripts' label is the model: run the wrong scripts under the correct ones' name
+    (tmp_path / "relabel.py").write_text(
+        "from evals.scripts import correct, wrong\n"
+        "now = {**correct, 'presents-result': wrong['presents-result']}\n")
+    first = _invoke(SUITE, "--models", "scripted:relabel:correct", "--csv", "a.csv")
+    assert first.exit_code == 0
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "a.csv").open()))
+    for row in rows:
+        row["model"] = "scripted:relabel:now"
+    with (tmp_path / "a.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    result = _invoke(SUITE, "--models", "scripted:relabel:now", "--compare", "a.csv",
+                     "--markdown", "m.md")
+    assert result.exit_code == 1
+    comparison = (tmp_path / "m.md").read_text().split("# Eval comparison")[1]
+    lines = [x for x in comparison.splitlines() if x.startswith("| ")]
+    statuses = [x.split("|")[1].strip() for x in lines[1:]]
+    assert statuses == ["regressed"] + ["unchanged"] * 4
+    assert "| regressed | scripted:relabel:now | presents-result | 100% -> 0% (-100 pts)" in \
+        lines[1]
+
+
+@pytest.mark.parametrize(("args", "status", "line"), [
+    (["no/such/dir"], 2, "EVALS: no such file or directory 'no/such/dir'"),
+    ([SUITE, "--models", "nope-model"], 4, "cannot tell the provider of model 'nope-model'"),
+    ([SUITE, "--models", "sonnet"], 4, "no API key for anthropic: set ANTHROPIC_API_KEY"),
+    ([SUITE, "--models", "scripted:evals.scripts:nothing"], 4, "has no 'nothing'"),
+    ([SUITE, "--models", CORRECT, "--only", "nope"], 2, "--only: no eval named 'nope'"),
+    ([SUITE, "--models", CORRECT, "--compare", "missing.csv"], 2,
+     "--compare: cannot read the eval report 'missing.csv'"),
+    ([SUITE, "--models", CORRECT, "--csv", "no/dir/x.csv"], 2,
+     "--csv: the directory of 'no/dir/x.csv' does not exist"),
+])
+def test_each_bad_input_is_one_line_and_its_status(args: list[str], status: int,
+                                                   line: str) -> None:
+    result = _invoke(*args)
+    assert result.exit_code == status, result.output
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("celldialog eval: ") and line in err[0], err
+    assert "Traceback" not in result.output
+
+
+def test_bad_option_values_are_usage_errors() -> None:
+    for args in (["--attempts", "0"], ["--threshold", "1.5"], ["--concurrency", "0"]):
+        result = CliRunner().invoke(eval_command, [SUITE, *args])
+        assert result.exit_code == 2, args
+
+
+def _process(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OPENAI_", "ANTHROPIC_", "CELLDIALOG_"))}
+    env.update(PYTHONPATH=str(REPO), COLUMNS="200")
+    code = "from runtime.cli.eval_cmd import eval_command; eval_command()"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_as_a_process(tmp_path: Path) -> None:
+    ok = _process([SUITE, "--models", CORRECT, "--attempts", "2", "--csv", "ok.csv"], tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert all(r.successes == 2 for r in read_csv(tmp_path / "ok.csv"))
+    bad = _process([SUITE, "--models", f"{CORRECT},{WRONG}", "--compare", "ok.csv"], tmp_path)
+    assert bad.returncode == 1 and "failed: 5 of 10 model x evals below 80%" in bad.stdout
+    assert "Traceback" not in bad.stderr
+    missing = _process([SUITE, "--models", "sonnet"], tmp_path)
+    assert missing.returncode == 4
+    assert missing.stderr.strip().splitlines()[-1].startswith(
+        "celldialog eval: no API key for anthropic")
+    assert "Traceback" not in missing.stderr
