@@ -48,8 +48,7 @@ class Evaluator:
     ``system_prompts`` and ``docs`` go into every attempt's conversation (``docs`` as a
     ``# Documentation`` section of the system prompt); a ``PatternEval`` keeps its own
     pattern's prompt. ``threshold``: the success rate each model x eval must reach.
-    ``timeout``: seconds an attempt may take (a slower one fails). ``max_steps``: the
-    step limit of a ``loop()`` an eval leaves to the default."""
+    ``timeout``: seconds an attempt may take (a slower one fails)."""
 
     evals: tuple[BaseEval, ...] = ()
     system_prompts: tuple[str, ...] = ()
@@ -147,9 +146,9 @@ class Evaluator:
                   on_attempt: Callable[[Attempt], None] | None = None) -> Report:
         """Run every eval ``attempts`` times on every model, at most ``concurrency``
         attempts at once (default ``DEFAULT_CONCURRENCY``); ``on_attempt`` is told of each
-        attempt as it ends. ``models`` default to the configured one (``CELLDIALOG_MODEL``,
-        else the local model). Raises ``ConfigurationError`` for a model that cannot be
-        resolved, before anything runs."""
+        attempt as it ends (an exception it raises ends the run). ``models`` default to the
+        configured one (``CELLDIALOG_MODEL``, else the local model). Raises
+        ``ConfigurationError`` for a model that cannot be resolved, before anything runs."""
         _positive(attempts, "attempts")
         if concurrency is not None:
             _positive(concurrency, "concurrency")

@@ -10,9 +10,9 @@
 - ``package.module`` or ``package.module:name``.
 
 A module's evals are its ``EVALS`` list when it has one, else every ``Eval`` /
-``PatternEval`` instance at module level and every concrete subclass defined there (made
-with no arguments; a class whose name starts with ``_`` is a base, skipped), in definition
-order.
+``PatternEval`` instance at module level, then every concrete subclass defined there with no
+instance there (made with no arguments; a class whose name starts with ``_`` is a base,
+skipped), each in definition order.
 """
 
 from __future__ import annotations

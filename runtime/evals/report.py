@@ -144,7 +144,8 @@ class EvalResult:
 @dataclass(frozen=True)
 class Report:
     """The results of one ``Evaluator.run``: per model x eval, in the order of the models,
-    then of the evals; ``seconds`` is the run's wall time."""
+    then of the evals; ``seconds`` is the run's wall time; ``attempts`` every attempt, in the
+    order they ended."""
 
     results: tuple[EvalResult, ...]
     threshold: float = DEFAULT_THRESHOLD
