@@ -93,7 +93,10 @@ def _run(evals_spec: str, model_specs: list[str], attempts: int, concurrency: in
         found = load_evals(evals_spec)
     except EvalLoadError as e:
         raise CliError(f"EVALS: {e}", EXIT_USAGE if e.not_found else EXIT_PATTERN) from None
-    evaluator = Evaluator(threshold=threshold, timeout=timeout).with_evals(found)
+    try:
+        evaluator = Evaluator(threshold=threshold, timeout=timeout).with_evals(found)
+    except (TypeError, ValueError) as e:  # two evals of one name, say
+        raise CliError(f"EVALS: {e}", EXIT_USAGE) from None
     if only:
         try:
             evaluator = evaluator.only(only)
@@ -114,6 +117,11 @@ def _run(evals_spec: str, model_specs: list[str], attempts: int, concurrency: in
             raise CliError(f"{flag}: the directory of {path!r} does not exist", EXIT_USAGE)
     # resolved now: an unknown model or a missing key stops here, in one line (status 4)
     chosen = [eval_model(m) for m in model_specs] if model_specs else [eval_model("")]
+    labels = [m.label for m in chosen]
+    twice = next((x for x in labels if labels.count(x) > 1), None)
+    if twice is not None:
+        raise CliError(f"--models: {twice} is given twice (each model is one row per eval)",
+                       EXIT_USAGE)
 
     result: Report = anyio.run(_with_progress, evaluator, chosen, attempts, concurrency)
 

@@ -101,6 +101,8 @@ def test_regressions_come_first(tmp_path: Path) -> None:
     ([SUITE, "--models", CORRECT, "--only", "nope"], 2, "--only: no eval named 'nope'"),
     ([SUITE, "--models", CORRECT, "--compare", "missing.csv"], 2,
      "--compare: cannot read the eval report 'missing.csv'"),
+    ([SUITE, "--models", f"{CORRECT},{CORRECT}"], 2,
+     "--models: scripted:evals.scripts:correct is given twice"),
     ([SUITE, "--models", CORRECT, "--csv", "no/dir/x.csv"], 2,
      "--csv: the directory of 'no/dir/x.csv' does not exist"),
 ])
@@ -111,6 +113,17 @@ def test_each_bad_input_is_one_line_and_its_status(args: list[str], status: int,
     err = result.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("celldialog eval: ") and line in err[0], err
     assert "Traceback" not in result.output
+
+
+def test_two_evals_of_one_name_are_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "twice").mkdir()
+    for stem in ("a_evals", "b_evals"):
+        (tmp_path / "twice" / f"{stem}.py").write_text(
+            "from runtime.evals import evaluation\n\n"
+            "@evaluation('same', prompt='hi')\ndef same(llm):\n    pass\n")
+    result = _invoke(str(tmp_path / "twice"), "--models", CORRECT)
+    assert result.exit_code == 2
+    assert "EVALS: two evals are named 'same'" in result.stderr
 
 
 def test_bad_option_values_are_usage_errors() -> None:
