@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("runtime.cli.run", "Run a pattern, send it events, print its result as JSON."),
     "models": ("runtime.cli.models", "Show the providers, the model catalog and the default."),
     "mcp": ("runtime.cli.mcp_serve", "Serve a pattern's handlers as MCP tools over stdio."),
+    "eval": ("runtime.cli.eval_cmd", "Run evals across models and report success rates."),
 }
 """Subcommand name -> (module defining ``command``, one-line help shown by ``--help``)."""
 
