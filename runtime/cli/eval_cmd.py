@@ -134,7 +134,8 @@ def _run(evals_spec: str, model_specs: list[str], attempts: int, concurrency: in
     out.print(result.rich_table())
     for r in result.results:
         for f in r.failures[:1]:
-            more = f" (and {len(r.failures) - 1} more)" if len(r.failures) > 1 else ""
+            n = len(r.failures) - 1
+            more = f" (and {n} more failed attempt{'s' if n > 1 else ''})" if n else ""
             out.print(f"[red]x[/] {escape(r.model)} x {escape(r.eval)}, attempt {f.attempt}: "
                       f"{escape(_one_line(f.message))}{more}", soft_wrap=True)
     if before is not None:

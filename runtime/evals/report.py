@@ -227,8 +227,8 @@ class Report:
         table = Table(title="Evals", title_justify="left",
                       caption="tokens, turns (model calls) and wall time: means per attempt",
                       caption_justify="left")
-        table.add_column("model")
-        table.add_column("eval")
+        table.add_column("model", no_wrap=True)
+        table.add_column("eval", no_wrap=True)
         for col in ("success", "attempts", "input", "output", "cache read", "cache write",
                     "turns", "wall (s)"):
             table.add_column(col, justify="right")

@@ -66,6 +66,22 @@ def test_a_model_below_the_threshold_exits_1_and_compare_shows_regressions(
     assert "| new | scripted:evals.scripts:wrong |" in (tmp_path / "c.md").read_text()
 
 
+def test_a_scripted_factory_named_by_import_path(tmp_path: Path) -> None:
+    (tmp_path / "factory_scripts.py").write_text(
+        "from evals.scripts import correct, wrong\n\n"
+        "def every_other(eval_name, attempt):\n"
+        "    return (correct if attempt % 2 else wrong)[eval_name]\n")
+    result = _invoke(SUITE, "--models", "scripted:factory_scripts:every_other",
+                     "--attempts", "4", "--threshold", "0.5", "--csv", "f.csv")
+    assert result.exit_code == 0, result.stderr
+    assert "(and 1 more failed attempt)" in result.stdout
+    rows = read_csv(tmp_path / "f.csv")
+    assert [(r.successes, [f.attempt for f in r.failures]) for r in rows] == [(2, [2, 4])] * 5
+    assert rows[0].model == "scripted:factory_scripts:every_other"
+    assert _invoke(SUITE, "--models", "scripted:factory_scripts:every_other", "--attempts",
+                   "4").exit_code == 1  # 50% is below the default 80%
+
+
 def test_regressions_come_first(tmp_path: Path) -> None:
     # the scripts' label is the model: run the wrong scripts under the correct ones' name
     (tmp_path / "relabel.py").write_text(
@@ -153,3 +169,22 @@ def test_as_a_process(tmp_path: Path) -> None:
     assert missing.stderr.strip().splitlines()[-1].startswith(
         "celldialog eval: no API key for anthropic")
     assert "Traceback" not in missing.stderr
+
+
+def test_through_the_celldialog_command(tmp_path: Path) -> None:
+    """Registered in the group (runtime/cli/__init__.py): the exit status comes through."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OPENAI_", "ANTHROPIC_", "CELLDIALOG_"))}
+    env.update(PYTHONPATH=str(REPO), COLUMNS="200")
+
+    def celldialog(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "runtime.cli", *args], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    assert "eval" in celldialog("--help").stdout
+    wrong = celldialog("eval", SUITE, "--models", WRONG, "--only", "presents-result")
+    assert wrong.returncode == 1 and "never called presentResult" in wrong.stdout
+    right = celldialog("eval", SUITE, "--models", CORRECT, "--markdown", "r.md")
+    assert right.returncode == 0 and (tmp_path / "r.md").is_file()
+    bad = celldialog("eval", SUITE, "--models", "nope-model")
+    assert bad.returncode == 4 and bad.stderr.startswith("celldialog eval: cannot tell")
