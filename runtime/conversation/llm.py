@@ -100,7 +100,7 @@ class LLM:
         s = self._state
         queued = sum(isinstance(op, RunOp) for op in self._ops)
         evaluated = "" if not queued or self._memo.result is None else ", evaluated"
-        return (f"LLM(model={s.model.name or '(default)'!r}, messages={len(s.history)}"
+        return (f"LLM(model={s.model.label!r}, messages={len(s.history)}"
                 + (f", queued steps={queued}{evaluated}" if queued else "") + ")")
 
     # -- deriving values ---------------------------------------------------------------

@@ -145,6 +145,16 @@ class ModelChoice:
             return {"name": self.spec.name, "provider": self.spec.provider}
         return {"name": self.spec or "", "provider": self.provider_hint}
 
+    @property
+    def label(self) -> str:
+        """What was chosen, for reprs and messages: never resolves or imports anything."""
+        if isinstance(self.spec, ImportedModel):
+            return self.spec.path
+        if isinstance(self.spec, str) and self.spec.strip():
+            return self.spec
+        if self.spec is None:
+            return "(default)"
+        return str(getattr(self.spec, "name", type(self.spec).__name__))
+
     def __repr__(self) -> str:
-        return f"ModelChoice({self.spec!r})" if not isinstance(self.spec, str) else \
-            f"ModelChoice({self.spec!r}, provider={self.provider_hint!r})"
+        return f"ModelChoice({self.label!r}, provider={self.provider_hint!r})"
