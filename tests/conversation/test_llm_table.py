@@ -267,3 +267,20 @@ async def test_id_sync_and_emit_history() -> None:
     assert await llm is done  # evaluated once
     assert done.emit_history() is done
     assert len(model.requests) == 1
+
+
+async def test_model_choices_fail_clearly_and_keep_secrets_out() -> None:
+    from runtime.conversation import ImportedModel
+    from runtime.llm import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="cannot tell the provider"):
+        LLM(model="no-such-model")
+    broken = LLM(model=ImportedModel("tests.conversation.fixtures:missing"))
+    assert "missing" in repr(broken)  # the repr does not import it
+    with anyio.fail_after(LIMIT), pytest.raises(ConfigurationError, match="cannot import"):
+        await broken.with_prompt("x").loop()
+    imported = LLM(model=ImportedModel("tests.conversation.fixtures:continuation_model"))
+    assert imported.provider == "scripted"
+    secret = LLM(model=ScriptedModel()).with_mcp_server("gh", "npx", ("server",),
+                                                      env={"TOKEN": "s3cr3t-value"})
+    assert "s3cr3t-value" not in repr(secret) + secret.tools
