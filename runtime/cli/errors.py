@@ -24,7 +24,6 @@ status  meaning
 from __future__ import annotations
 
 import os
-import re
 import sys
 from typing import Any
 
@@ -133,29 +132,12 @@ def message_of(error: BaseException, command: str | None) -> str:
             "run again with CELLDIALOG_DEBUG=1 for the traceback, and report it)")
 
 
-_SECRET_NAME = re.compile(r"(API_KEY|_TOKEN|_SECRET)$")
-
-
-def _secrets() -> list[str]:
-    """The values an error line must never show: the provider keys of the environment and
-    of ``.env``, and anything else named like a key."""
-    from ..llm.config import PROVIDER_VARS, read_dotenv
-
-    names = {v.api_key for v in PROVIDER_VARS.values()}
-    values = {v for k, v in os.environ.items() if k in names or _SECRET_NAME.search(k)}
-    try:
-        dotenv = read_dotenv(".env")
-    except OSError:
-        dotenv = {}
-    values |= {v for k, v in dotenv.items() if k in names or _SECRET_NAME.search(k)}
-    return sorted((v for v in values if len(v) >= 6), key=len, reverse=True)
-
-
 def redact(text: str) -> str:
-    """``text`` with every known secret replaced by ``[redacted]``."""
-    for secret in _secrets():
-        text = text.replace(secret, "[redacted]")
-    return text
+    """``text`` with every known secret replaced by ``[redacted]`` (see
+    ``runtime.llm.safety.redact_secrets``)."""
+    from ..llm.safety import redact_secrets  # on use: `--help` loads nothing of the port
+
+    return redact_secrets(text)
 
 
 def one_line(text: str) -> str:

@@ -180,7 +180,7 @@ class Evaluator:
 
     async def _attempt(self, m: EvalModel, e: BaseEval, n: int, limiter: anyio.CapacityLimiter,
                        done: list[Attempt], on_attempt: Callable[[Attempt], None] | None) -> None:
-        from ..cli.errors import redact
+        from ..llm.safety import redact_secrets as redact
 
         async with limiter:
             record = Record()

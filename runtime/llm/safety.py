@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import re
 from urllib.parse import SplitResult, urlsplit
 
 from .errors import ConfigurationError
@@ -137,3 +139,29 @@ def check_api_key(key: str, provider: str) -> None:
 def supported_image_media_type(media_type: str) -> bool:
     """Whether every vision backend we target accepts this type (png, jpeg, gif, webp)."""
     return media_type.strip().lower() in SUPPORTED_IMAGE_MEDIA_TYPES
+
+
+_SECRET_NAME = re.compile(r"(API_KEY|_TOKEN|_SECRET)$")
+
+
+def _secrets() -> list[str]:
+    """The values a message must never show: the provider keys of the environment and of
+    ``.env``, and anything else named like a key (6 characters or more), longest first."""
+    from .config import PROVIDER_VARS, read_dotenv
+
+    names = {v.api_key for v in PROVIDER_VARS.values()}
+    values = {v for k, v in os.environ.items() if k in names or _SECRET_NAME.search(k)}
+    try:
+        dotenv = read_dotenv(".env")
+    except OSError:
+        dotenv = {}
+    values |= {v for k, v in dotenv.items() if k in names or _SECRET_NAME.search(k)}
+    return sorted((v for v in values if len(v) >= 6), key=len, reverse=True)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with every known secret replaced by ``[redacted]``: for what leaves the
+    process (an error line, an eval report, a transcript)."""
+    for secret in _secrets():
+        text = text.replace(secret, "[redacted]")
+    return text
