@@ -5,7 +5,8 @@ vendor's wire format; ``ScriptedModel`` is the deterministic backend for tests.
 
 Importing the package stays cheap: the two adapters (and httpx with them) load on first use
 of ``AnthropicModel`` / ``OpenAIModel`` (or of ``resolve_model``), so a caller that only needs
-the vocabulary or the scripted model never pays for them.
+the vocabulary or the scripted model never pays for them. ``LocalModel`` (the embedded model)
+loads the same way, and llama-cpp-python only when one is built.
 """
 
 from __future__ import annotations
@@ -88,10 +89,12 @@ from .types import (
 
 if TYPE_CHECKING:  # what type checkers see; at run time ``__getattr__`` loads them
     from .providers.anthropic import AnthropicModel
+    from .providers.local import LocalModel
     from .providers.openai import OpenAIModel
 
 _LAZY = {
     "AnthropicModel": ".providers.anthropic",
+    "LocalModel": ".providers.local",
     "OpenAIModel": ".providers.openai",
 }
 
@@ -127,6 +130,7 @@ __all__ = [
     "Fault",
     "ImageBlock",
     "LLMError",
+    "LocalModel",
     "Message",
     "Model",
     "ModelInfo",
