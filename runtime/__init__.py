@@ -77,6 +77,8 @@ _LAZY = {
 }
 
 __all__ = [
+    "LLM",
+    "Agent",
     "BindingError",
     "Cell",
     "CellError",

@@ -20,9 +20,21 @@
     │   ├── StoreBusyError            the database stayed locked longer than the busy timeout
     │   ├── StoreConfigError          a store URL, option or write that cannot be used
     │   └── StoreClosedError          the store was used after it was closed
-    └── (the LLM port, runtime.llm.errors)
-        ├── LLMError                  a model call failed; ``fault`` says if retrying can help
-        └── ConfigurationError        an unknown model, a missing key, an unusable URL or key
+    ├── (the LLM port, runtime.llm.errors)
+    │   ├── LLMError                  a model call failed; ``fault`` says if retrying can help
+    │   └── ConfigurationError        an unknown model, a missing key, an unusable URL or key
+    ├── (the conversation object, runtime.conversation)
+    │   ├── ConversationError         the LLM value used wrongly
+    │   │   ├── NotEvaluatedError     a result field read before the conversation was awaited
+    │   │   ├── StepLimitError        loop(max_steps=...) reached; ``.progress`` holds the rest
+    │   │   ├── PortableIdError       a portable id that cannot be made or restored
+    │   │   └── AgentStateError       an agent asked for a transition its state forbids
+    │   ├── MCPServerError            an MCP server that cannot start (names it, never its env)
+    │   └── SkillError                a skills directory that cannot be used
+    │       └── SkillFormatError      a SKILL.md without valid name/description frontmatter
+    └── (the evaluator, runtime.evals)
+        ├── EvalLoadError             an EVALS path or module that cannot be loaded
+        └── ReportError               a CSV report that cannot be read or compared
 
 Errors of the libraries underneath (``sqlite3``, ``jsonschema``, ``httpx``) never escape
 bare: they are wrapped in one of these. Storage errors keep the original as ``__cause__``;

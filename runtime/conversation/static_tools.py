@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..llm.steps import ToolError, ToolOutput, _check_arguments
+from ..llm.steps import ToolError, ToolOutput, check_arguments
 from ..llm.types import Tool
 from .toolset import Toolset
 
@@ -52,7 +52,7 @@ class StaticTools:
         if tool is None:
             raise ToolError(f"There is no method {method!r}; call list_methods to see them.")
         inner = dict(arguments.get("arguments") or {})
-        problem = _check_arguments(tool, inner)
+        problem = check_arguments(tool, inner)
         if problem is not None:
             raise ToolError(problem)
         source, original = self._routes[method]

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import CelldialogError
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -50,7 +52,7 @@ _INTS = ("attempts", "successes", "input_tokens", "output_tokens", "cache_read_t
          "cache_write_tokens", "turns")
 
 
-class ReportError(ValueError):
+class ReportError(CelldialogError, ValueError):
     """A CSV that is not an eval report (the message names the file, row and column)."""
 
 

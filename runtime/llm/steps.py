@@ -63,6 +63,7 @@ __all__ = [
     "StepsStatus",
     "ToolError",
     "ToolOutput",
+    "check_arguments",
     "run_steps",
 ]
 
@@ -286,7 +287,7 @@ class _Run:
         tool = advertised.get(call.name)
         if tool is None:
             return _error(call, _unknown_tool(call.name, advertised))
-        problem = _check_arguments(tool, call.input)
+        problem = check_arguments(tool, call.input)
         if problem is not None:
             return _error(call, problem)
         try:
@@ -312,8 +313,9 @@ class _Run:
         return ToolResult(tool_use_id=call.id, content=text)
 
 
-def _check_arguments(tool: Tool, arguments: dict[str, Any]) -> str | None:
-    """None if ``arguments`` fit the tool's schema, else what to tell the model."""
+def check_arguments(tool: Tool, arguments: dict[str, Any]) -> str | None:
+    """None if ``arguments`` fit the tool's schema, else what to tell the model (the
+    engine's own check, for a caller that runs a tool outside it)."""
     import jsonschema  # on first use: importing the port stays cheap
 
     try:
