@@ -5,18 +5,19 @@ from __future__ import annotations
 import getpass
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from ..llm.deferred import DeferredModel as _Deferred
 from .errors import CliError, UsageProblem
 
 if TYPE_CHECKING:
     from ..cells import Instance
-    from ..llm import Model, Request, Response, StreamEvent
+    from ..llm import Model
 
 __all__ = [
     "DEFAULT_STORE_FILE",
@@ -241,7 +242,7 @@ async def close_model(model: Any) -> None:
         await aclose()
 
 
-class DeferredModel:
+class DeferredModel(_Deferred):
     """A ``Model`` resolved at its first call: ``run`` and ``mcp`` pass one to the runtime
     so a pattern without a dialog never needs a key, and one with a dialog gets the same
     model ``chat`` would (``--model``, else the default). A resolution error becomes the
@@ -249,29 +250,8 @@ class DeferredModel:
 
     def __init__(self, name: str | None) -> None:
         self._name = name or None
-        self._model: Model | None = None
 
-    def _get(self) -> Model:
-        if self._model is None:
-            from ..llm import resolve_model
+    def _build(self) -> Model:
+        from ..llm import resolve_model
 
-            self._model = resolve_model(self._name)
-        return self._model
-
-    @property
-    def name(self) -> str:
-        return self._get().name
-
-    @property
-    def provider(self) -> str:
-        return self._get().provider
-
-    async def generate(self, request: Request) -> Response:
-        return await self._get().generate(request)
-
-    def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
-        return self._get().stream(request)
-
-    async def aclose(self) -> None:
-        if self._model is not None:
-            await close_model(self._model)
+        return resolve_model(self._name)

@@ -11,16 +11,14 @@ with a custom client) survives ``portable_id`` into another process.
 from __future__ import annotations
 
 import importlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 from ..llm import catalog
 from ..llm.config import DEFAULT_MODEL_VAR, Settings
+from ..llm.deferred import DeferredModel
 from ..llm.errors import ConfigurationError
-from ..llm.events import StreamEvent
 from ..llm.model import Model
 from ..llm.resolve import parse_model_name, resolve_model
-from ..llm.types import Request, Response
 
 __all__ = ["SMALL_MODEL_VAR", "ImportedModel", "ModelChoice", "import_object"]
 
@@ -39,42 +37,25 @@ def import_object(path: str) -> Any:
     return obj
 
 
-class ImportedModel:
+class ImportedModel(DeferredModel):
     """A ``Model`` named by import path: the object there (a ``Model``, or a function of no
     arguments returning one) is imported at first use and every call goes to it."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._model: Model | None = None
 
-    def _get(self) -> Model:
-        if self._model is None:
-            try:
-                target = import_object(self.path)
-            except (ImportError, AttributeError, ValueError) as e:
-                raise ConfigurationError(
-                    f"cannot import the model {self.path!r}: {type(e).__name__}: {e}") from None
-            model = target if isinstance(target, Model) else target()
-            if not isinstance(model, Model):
-                raise ConfigurationError(
-                    f"{self.path!r} is not a runtime.llm Model nor a function returning one "
-                    f"(got {type(model).__name__})")
-            self._model = model
-        return self._model
-
-    @property
-    def name(self) -> str:
-        return self._get().name
-
-    @property
-    def provider(self) -> str:
-        return self._get().provider
-
-    async def generate(self, request: Request) -> Response:
-        return await self._get().generate(request)
-
-    def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
-        return self._get().stream(request)
+    def _build(self) -> Model:
+        try:
+            target = import_object(self.path)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ConfigurationError(
+                f"cannot import the model {self.path!r}: {type(e).__name__}: {e}") from None
+        model = target if isinstance(target, Model) else target()
+        if not isinstance(model, Model):
+            raise ConfigurationError(
+                f"{self.path!r} is not a runtime.llm Model nor a function returning one "
+                f"(got {type(model).__name__})")
+        return model
 
     def __repr__(self) -> str:
         return f"ImportedModel({self.path!r})"
