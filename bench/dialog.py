@@ -53,6 +53,19 @@ from pydantic import BaseModel
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _steps import (  # noqa: E402
+    ANCHOR,
+    Case,
+    K,
+    PydanticAI,
+    Span,
+    anchor_line,
+    clock,
+    since,
+    timed_block,
+    warm_up,
+)
+
 from runtime import Runtime, cell, handler, llm_dialog, pattern, tool_result  # noqa: E402
 from runtime.llm import (  # noqa: E402
     Message,
@@ -69,8 +82,6 @@ from runtime.llm import (  # noqa: E402
 )
 from runtime.llm.events import response_events  # noqa: E402
 
-ANCHOR = Path("/work/shared/anchors/pydantic_ai_loop.py")
-K = 5  # tool calls of the turn of (a); it has K + 1 model steps
 MEMORY_TARGET = 10.0  # pydantic-ai per-step time / ours, memory store, at least
 SQLITE_TARGET = 5.0  # the same on SQLite
 LATENCY = 0.02  # simulated model latency of (b), seconds per call
@@ -78,18 +89,6 @@ CONC_TOOLS = 2  # tool calls of a turn of (b): 3 model steps
 FLOOR_S = 0.06  # the bound of (b) is at least this
 BOUND_FACTOR = 1.5  # target of (b): the turns' wall time within this factor of the bound
 BIG_BUDGET_S = 60.0  # the largest N of (b) must be expected to finish within this
-
-Span = tuple[float, float]  # (wall seconds, CPU seconds of this process)
-
-
-def clock() -> Span:
-    return time.perf_counter(), time.process_time()
-
-
-def since(start: Span) -> Span:
-    wall, cpu = clock()
-    return wall - start[0], cpu - start[1]
-
 
 # ---------------------------------------------------------------------------- the graph
 
@@ -180,33 +179,7 @@ class HoldModel:
 # ---------------------------------------------------------------------------- (a) step overhead
 
 
-class StepCase:
-    label = ""
-    steps_per_run = K + 1
-
-    def __init__(self) -> None:
-        self.per_step: list[float] = []  # wall seconds per step, one per timed block
-        self.cpu_per_step: list[float] = []
-        self.runs = 0
-        self.per_round = 1
-
-    async def run(self, m: int) -> Span:
-        raise NotImplementedError
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.per_step)
-
-    @property
-    def minimum(self) -> float:
-        return min(self.per_step)
-
-    @property
-    def cpu(self) -> float:
-        return statistics.median(self.cpu_per_step)
-
-
-class OursCase(StepCase):
+class OursCase(Case):
     def __init__(self, rt: Runtime, store: str, model: ScriptedModel) -> None:
         super().__init__()
         self.label = f"llm_dialog, {store}"
@@ -245,75 +218,13 @@ class OursCase(StepCase):
                                f"error {self.inst.result.key('error').get()!r}")
 
 
-class PydanticCase(StepCase):
-    """pydantic-ai's agent loop, set up as the anchor sets it up."""
-
-    label = "pydantic-ai Agent.run"
-
-    def __init__(self) -> None:
-        super().__init__()
-        from pydantic_ai import Agent
-        from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
-        from pydantic_ai.models.function import AgentInfo, FunctionModel
-
-        def script(messages: list[Any], info: AgentInfo) -> ModelResponse:
-            calls = sum(1 for m in messages for p in getattr(m, "parts", [])
-                        if p.part_kind == "tool-return")
-            if calls < K:
-                return ModelResponse(parts=[ToolCallPart("add_item", {"title": f"item {calls}"})])
-            return ModelResponse(parts=[TextPart("done")])
-
-        self.items: list[str] = []
-        self.agent = Agent(FunctionModel(script))
-        items = self.items
-
-        @self.agent.tool_plain
-        def add_item(title: str) -> str:
-            """Append an item to the list."""
-            items.append(title)
-            return f"added {title}"
-
-    async def run(self, m: int) -> Span:
-        run = self.agent.run
-        self.items.clear()
-        t = clock()
-        for _ in range(m):
-            r = await run("add items")
-            assert r.output == "done"
-        dt = since(t)
-        if len(self.items) != K * m:
-            raise RuntimeError(f"pydantic-ai ran {len(self.items)} tool calls, not {K * m}")
-        self.runs += m
-        return dt
-
-
-async def warm_up(case: StepCase, seconds: float, block_s: float) -> None:
-    m, spent, n = 1, 0.0, 0
-    while spent < seconds:
-        spent += (await case.run(m))[0]
-        n += m
-        m *= 2
-    case.per_round = max(1, round(block_s / (spent / n)))
-
-
-async def timed_block(case: StepCase, block_s: float) -> None:
-    gc.collect()
-    wall = cpu = 0.0
-    n = 0
-    while wall < block_s or n == 0:
-        w, c = await case.run(case.per_round)
-        wall, cpu, n = wall + w, cpu + c, n + case.per_round
-    case.per_step.append(wall / (n * case.steps_per_run))
-    case.cpu_per_step.append(cpu / (n * case.steps_per_run))
-
-
-async def part_a(tmp: Path, blocks: int, block_s: float, warm_s: float) -> list[StepCase]:
+async def part_a(tmp: Path, blocks: int, block_s: float, warm_s: float) -> list[Case]:
     rng = random.Random(7)
     mem_model, sql_model = ScriptedModel(), ScriptedModel()
     async with Runtime(store="memory", model=mem_model) as mem_rt, \
             Runtime(store=f"sqlite:///{tmp / 'steps.db'}", model=sql_model) as sql_rt:
-        cases: list[StepCase] = [OursCase(mem_rt, "memory", mem_model),
-                                 OursCase(sql_rt, "sqlite", sql_model), PydanticCase()]
+        cases: list[Case] = [OursCase(mem_rt, "memory", mem_model),
+                                 OursCase(sql_rt, "sqlite", sql_model), PydanticAI()]
         for case in cases:
             await warm_up(case, warm_s, block_s)
         for _ in range(blocks):
@@ -322,20 +233,6 @@ async def part_a(tmp: Path, blocks: int, block_s: float, warm_s: float) -> list[
                 await timed_block(case, block_s)
     cases.sort(key=lambda c: c.label)
     return cases
-
-
-def anchor_line() -> str:
-    """The anchor script as it is, in a subprocess (its own warm-up, 300 runs)."""
-    if not ANCHOR.exists():
-        return f"{ANCHOR} not found"
-    try:
-        out = subprocess.run([sys.executable, str(ANCHOR), str(K), "300"], capture_output=True,
-                             text=True, timeout=120)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"could not run: {e}"
-    if out.stdout.strip():
-        return out.stdout.strip()
-    return "failed: " + (out.stderr.strip().splitlines() or ["no output"])[-1]
 
 
 # ---------------------------------------------------------------------------- (b) sessions
@@ -472,7 +369,7 @@ async def main_async(args: argparse.Namespace) -> None:
               f"instant model; {blocks} blocks of >= {block_s} s per case, interleaved:\n")
         cases = await part_a(tmp, blocks, block_s, warm_s)
         by = {c.label: c for c in cases}
-        peer = by[PydanticCase.label]
+        peer = by[PydanticAI.label]
         rows = [("case", "µs/step med", "µs/step min", "CPU µs/step", "turns/block",
                  "peer/ours wall", "peer/ours CPU")]
         for c in cases:
