@@ -899,3 +899,25 @@ def test_sqlite_open_waits_while_another_connection_writes_a_new_file(tmp_path: 
         assert s.commit([Write(A, 1, expect=0)]) == {A: 1}
     finally:
         s.close()
+
+
+def test_two_connections_alternating_patches_see_each_others_versions(tmp_path: Path) -> None:
+    """A connection remembers the heads of what it wrote only while no other connection has
+    committed (PRAGMA data_version): alternating writers never reuse a stale version."""
+    path = tmp_path / "two.db"
+    a, b = SQLiteStore(path), SQLiteStore(path)
+    key = DocKey("s", "", "doc")
+    try:
+        assert a.commit([Write(key, [], 0)]) == {key: 1}
+        for i in range(12):  # a, b, a, b...: each write's base is the other's last
+            writer = (a, b)[i % 2]
+            assert writer.commit([Write(key, None, i + 1, (((i,), i),))]) == {key: i + 2}
+        with pytest.raises(ConflictError):  # b wrote last: a's view is one behind
+            a.commit([Write(key, None, 12, (((12,), -1),))])
+        for store in (a, b, SQLiteStore(path)):
+            stored = store.load(key)
+            assert stored is not None and stored.version == 13
+            assert stored.value == list(range(12))
+    finally:
+        a.close()
+        b.close()

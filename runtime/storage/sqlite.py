@@ -118,6 +118,11 @@ class SQLiteStore:
             )
         self.busy_timeout = float(busy_timeout)
         self._cache: OrderedDict[DocKey, tuple[int, Any]] = OrderedDict()
+        # what the heads table says of documents this connection wrote: (version, log
+        # size, base size, has a heads row), valid while no other connection has committed
+        # (PRAGMA data_version unchanged), so a commit needs no read per document
+        self._heads: dict[DocKey, tuple[int, int, int | None, bool]] = {}
+        self._data_version: int | None = None
         self._db: sqlite3.Connection | None = None
         if self.path != ":memory:":
             parent = Path(self.path).parent
@@ -166,6 +171,7 @@ class SQLiteStore:
     def close(self) -> None:
         db, self._db = self._db, None
         self._cache.clear()
+        self._heads.clear()
         if db is not None:
             try:
                 db.close()
@@ -289,27 +295,42 @@ class SQLiteStore:
     def _commit(self, writes: Sequence[Write]) -> dict[DocKey, int]:
         db = self._open_db("commit()")
         cache = self._cache
+        heads = self._heads
         out: dict[DocKey, int] = {}
         touched: list[DocKey] = []
+        patch_rows: list[tuple[Any, ...]] = []
+        head_rows: list[tuple[Any, ...]] = []
         db.execute("BEGIN IMMEDIATE")
         try:
+            # under the write lock: has another connection committed since we last did?
+            seen = db.execute("PRAGMA data_version").fetchone()[0]
+            if seen != self._data_version:
+                heads.clear()
+                self._data_version = seen
             for w in writes:
                 key = w.key
-                # O(1) while the document has a log; else one read of the docs row
-                head = db.execute(
-                    f"SELECT version, log_size, base_size FROM heads WHERE {_WHERE}", key
-                ).fetchone()
-                if head is not None:
-                    have, log_size, base_size = head
-                else:
-                    row = db.execute(f"SELECT version FROM docs WHERE {_WHERE}", key).fetchone()
-                    have, log_size, base_size = (row[0] if row else 0), 0, None
+                known = heads.pop(key, None)
+                if known is not None:
+                    have, log_size, base_size, has_row = known
+                else:  # O(1) while the document has a log; else one read of the docs row
+                    head = db.execute(
+                        f"SELECT version, log_size, base_size FROM heads WHERE {_WHERE}", key
+                    ).fetchone()
+                    if head is not None:
+                        (have, log_size, base_size), has_row = head, True
+                    else:
+                        row = db.execute(
+                            f"SELECT version FROM docs WHERE {_WHERE}", key).fetchone()
+                        have, log_size, base_size = (row[0] if row else 0), 0, None
+                        has_row = False
                 if w.expect is not None and w.expect != have:
                     raise conflict(key, have, w.expect)
                 new = have + 1
                 if w.patch is None:
                     cache.pop(key, None)
-                    self._put_base(db, key, _dumps(key, w.value), new, head is not None)
+                    text = _dumps(key, w.value)
+                    self._put_base(db, key, text, new, has_row)
+                    heads[key] = (new, 0, len(text), False)
                     out[key] = new
                     continue
                 touched.append(key)
@@ -322,26 +343,29 @@ class SQLiteStore:
                     base_size = row[0] if row else 0
                 log_size += len(patch_text)
                 if log_size > base_size:  # compact: the log outgrew the base
-                    self._put_base(db, key, _dumps(key, value), new, head is not None)
+                    text = _dumps(key, value)
+                    self._put_base(db, key, text, new, has_row)
+                    heads[key] = (new, 0, len(text), False)
                 else:
-                    db.execute(
-                        "INSERT INTO patches (space, scope, id, version, patch) "
-                        "VALUES (?,?,?,?,?)",
-                        (*key, new, patch_text),
-                    )
-                    db.execute(
-                        "INSERT INTO heads (space, scope, id, version, log_size, base_size) "
-                        "VALUES (?,?,?,?,?,?) ON CONFLICT (space, scope, id) DO UPDATE SET "
-                        "version=excluded.version, log_size=excluded.log_size",
-                        (*key, new, log_size, base_size),
-                    )
+                    patch_rows.append((*key, new, patch_text))
+                    head_rows.append((*key, new, log_size, base_size))
+                    heads[key] = (new, log_size, base_size, True)
                 cache[key] = (new, value)
                 cache.move_to_end(key)
                 out[key] = new
+            if patch_rows:  # one statement each for all the commit's documents
+                db.executemany(
+                    "INSERT INTO patches (space, scope, id, version, patch) VALUES (?,?,?,?,?)",
+                    patch_rows)
+                db.executemany(
+                    "INSERT INTO heads (space, scope, id, version, log_size, base_size) "
+                    "VALUES (?,?,?,?,?,?) ON CONFLICT (space, scope, id) DO UPDATE SET "
+                    "version=excluded.version, log_size=excluded.log_size", head_rows)
             db.execute("COMMIT")
         except BaseException:
             for key in touched:  # patched in place: no longer what the file holds
                 cache.pop(key, None)
+            heads.clear()  # nothing of this commit happened
             _rollback(db)
             raise
         while len(cache) > CACHED_DOCS:
