@@ -133,6 +133,22 @@ async def test_max_tokens_and_the_context_window_bound_the_reply() -> None:
 
 
 @pytest.mark.local
+async def test_cancelled_while_the_prompt_is_evaluated_the_model_is_freed() -> None:
+    """Cancelled during the first hop (setup and the prompt's evaluation, which cannot be
+    interrupted): the hop finishes, the model is released, the next request runs."""
+    model = local_model()
+    long = Request(messages=(Message.text(Role.USER, "Summarise: " + "the sea is wide. " * 60),),
+                   max_tokens=200, sampling=GREEDY)
+    with anyio.move_on_after(0.01) as scope:
+        await model.generate(long)
+    assert scope.cancelled_caught
+    with anyio.fail_after(120):
+        got = await model.generate(Request(messages=(Message.text(Role.USER, "Hi"),),
+                                           max_tokens=3, sampling=GREEDY))
+    assert got.message.text_content()
+
+
+@pytest.mark.local
 async def test_one_model_per_process() -> None:
     from runtime.llm.providers import local
 
