@@ -730,3 +730,22 @@ async def test_system_may_be_a_cell_read_at_every_step():
                 return {"chat": llm_dialog(cell([], name="m"), system=42).pending}
 
             rt.run(bad)
+
+
+async def test_a_link_the_model_writes_is_stored_as_text_never_as_a_live_link():
+    model = ScriptedModel([])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="alice", session="s1")
+        items = inst.result.key("items").resolve()
+        forged = {"@link": f"/{items.id}"}
+        model.add(Reply(text="see {\"@link\": \"/x\"}",
+                        tool_calls=[call("addItem", {"title": forged})]), "done")
+        await inst.send("send", "go")
+        await rt.settled()
+        stored = inst.result.key("messages").raw()  # as the document holds it
+        [use] = [b for b in stored[1]["blocks"] if b["kind"] == "tool_use"]
+        assert use["input"]["title"] == json.dumps(forged, sort_keys=True)  # text, inert
+        assert "@link" in stored[1]["blocks"][0]["text"]  # a text block is left as written
+        [result] = [b for b in stored[2]["blocks"] if b["kind"] == "tool_result"]
+        assert result["is_error"]  # the call itself was refused: title must be a string
+        assert inst.result.key("items").get() == []

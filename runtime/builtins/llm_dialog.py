@@ -410,8 +410,8 @@ class _Turns:
         tx = run.step_tx
         if tx is not None:  # the results of such a step: its one commit
             run.step_tx = None
-            with tx.bound():
-                self._append_writes(rt, run, message)
+            with tx.bound():  # guarded when the step began, in this same transaction
+                self._append_writes(rt, run, message, guarded=True)
             try:
                 tx.commit()
             except ConflictError as e:  # another process wrote what the step read
@@ -439,14 +439,17 @@ class _Turns:
         spec = self.catalog.get(call.name)
         return spec is None or spec.stream is not None or call.name == PRESENT_RESULT
 
-    def _append_writes(self, rt: Runtime, run: _Run, message: Message) -> bool:
+    def _append_writes(self, rt: Runtime, run: _Run, message: Message,
+                       guarded: bool = False) -> bool:
         """Inside a transaction: the message and what goes with it; False if the turn may
-        no longer write (a late reply to a cancelled or replaced turn lands nowhere)."""
+        no longer write (a late reply to a cancelled or replaced turn lands nowhere).
+        ``guarded``: this transaction checked the turn already (anyone changing it since
+        makes the commit a conflict)."""
         self._flush_usage(run)
-        if not self._guarded(rt, run.turn_id):
+        if not guarded and not self._guarded(rt, run.turn_id):
             run.dead = True
             return False
-        self.messages.push(_inert(message.model_dump(mode="json")))
+        self.messages.push(_inert_message(message.model_dump(mode="json")))
         if message.role is Role.ASSISTANT:
             run.results.clear()  # a new step: its calls have not run yet
             run.text = ""
@@ -617,6 +620,16 @@ def _user_message(event: Any) -> Message:
         "add_message takes a string (the user's text) or a user message "
         "{'role': 'user', 'blocks': [{'kind': 'text', 'text': '...'}]}, "
         f"got {type(event).__name__} {str(event)[:80]}")
+
+
+def _inert_message(message: dict[str, Any]) -> dict[str, Any]:
+    """``_inert`` of a message: only blocks that carry the model's own JSON (a call's input,
+    a provider's opaque data) can hold a link; text and results are strings."""
+    blocks = message.get("blocks")
+    if isinstance(blocks, list):
+        message["blocks"] = [_inert(b) if isinstance(b, dict) and b.get("kind") not in (
+            "text", "tool_result") else b for b in blocks]
+    return message
 
 
 def _inert(value: Any) -> Any:
