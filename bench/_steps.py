@@ -12,24 +12,13 @@ import gc
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from _common import Span, clock, since
+
 ANCHOR = Path("/work/shared/anchors/pydantic_ai_loop.py")
 K = 5  # tool calls of a run; it has K + 1 model steps
-
-Span = tuple[float, float]  # (wall seconds, CPU seconds of this process)
-
-
-def clock() -> Span:
-    return time.perf_counter(), time.process_time()
-
-
-def since(start: Span) -> Span:
-    wall, cpu = clock()
-    return wall - start[0], cpu - start[1]
-
 
 class Case:
     """One contender: ``run(m)`` does ``m`` runs and returns their (wall, CPU) time."""

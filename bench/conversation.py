@@ -31,17 +31,8 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _steps import (  # noqa: E402
-    Case,
-    K,
-    PydanticAI,
-    Span,
-    anchor_line,
-    clock,
-    since,
-    timed_block,
-    warm_up,
-)
+from _common import Span, clock, since  # noqa: E402
+from _steps import Case, K, PydanticAI, anchor_line, timed_block, warm_up  # noqa: E402
 
 from runtime import LLM  # noqa: E402
 from runtime.llm import Reply, ScriptedModel, call  # noqa: E402

@@ -32,13 +32,11 @@ from __future__ import annotations
 import argparse
 import gc
 import math
-import os
 import platform
 import random
 import re
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,18 +51,8 @@ from pydantic import BaseModel
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _steps import (  # noqa: E402
-    ANCHOR,
-    Case,
-    K,
-    PydanticAI,
-    Span,
-    anchor_line,
-    clock,
-    since,
-    timed_block,
-    warm_up,
-)
+from _common import Span, clock, load, since, source_state  # noqa: E402
+from _steps import ANCHOR, Case, K, PydanticAI, anchor_line, timed_block, warm_up  # noqa: E402
 
 from runtime import Runtime, cell, handler, llm_dialog, pattern, tool_result  # noqa: E402
 from runtime.llm import (  # noqa: E402
@@ -330,25 +318,8 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def load() -> str:
-    try:
-        one, five, _ = os.getloadavg()
-    except OSError:
-        return "load average unknown"
-    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
-def source_state() -> str:
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "runtime"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if not head:
-        return f"{ROOT} (not a git checkout)"
-    return head[:72] + (" (+ uncommitted changes in runtime/)" if dirty else "")
 
 
 def us(x: float) -> str:

@@ -43,12 +43,10 @@ import argparse
 import gc
 import json
 import math
-import os
 import platform
 import random
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +61,8 @@ import anyio
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _common import Span, clock, load, since, source_state  # noqa: E402
 
 from runtime import Runtime, cell, handler, pattern  # noqa: E402
 
@@ -143,18 +143,6 @@ class Result:
     @property
     def cpu(self) -> float:
         return statistics.median(self.cpu_per_event)
-
-
-Span = tuple[float, float]  # (wall seconds, CPU seconds of this process)
-
-
-def clock() -> Span:
-    return time.perf_counter(), time.process_time()
-
-
-def since(start: Span) -> Span:
-    wall, cpu = clock()
-    return wall - start[0], cpu - start[1]
 
 
 class Case:
@@ -416,26 +404,8 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def source_state() -> str:
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "runtime"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if not head:
-        return f"{ROOT} (not a git checkout)"
-    return head[:72] + (" (+ uncommitted changes in runtime/)" if dirty else "")
 
 
-def load() -> str:
-    """The machine's load average: on a shared machine, how far to trust the figures."""
-    try:
-        one, five, _ = os.getloadavg()
-    except OSError:
-        return "load average unknown"
-    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
 def report(results: list[Result], cfg: Config, elapsed: float) -> None:
