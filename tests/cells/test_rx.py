@@ -22,7 +22,7 @@ from runtime.cells import rx
 
 pytestmark = pytest.mark.anyio
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "reactivex.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "reactivex.md"
 
 
 class Boom(Exception):
