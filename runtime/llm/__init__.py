@@ -36,6 +36,7 @@ from .events import (
     UsageUpdate,
     assemble,
 )
+from .history import unanswered_calls
 from .model import Model
 from .resolve import ModelSettings, model_settings, parse_model_name, resolve_model
 from .retry import (
@@ -190,5 +191,6 @@ __all__ = [
     "safe_base_url",
     "small_model",
     "supported_image_media_type",
+    "unanswered_calls",
     "with_retry",
 ]

@@ -1,0 +1,58 @@
+"""Rules about a conversation's history, each written once for every room that keeps one.
+
+A history is a sequence of messages, held either as port ``Message``s (the step engine, the
+conversation object) or as their JSON (``Message.model_dump(mode="json")``: what the dialog
+keeps in a cell). The rules here read both forms, so the dialog and the conversation object
+cannot come to disagree about what, say, an unanswered call is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from .types import Message, Role, ToolResult, ToolUse
+
+__all__ = ["unanswered_calls"]
+
+HistoryItem = Message | Mapping[str, Any]
+"""A message of a history: a ``Message`` or its JSON form (``model_dump(mode="json")``)."""
+
+
+def unanswered_calls(history: Sequence[HistoryItem]) -> list[str]:
+    """The ids of the tool calls of the last assistant message that no later message
+    answers, in call order: what must be answered before the history can go to a model
+    again (every provider refuses a call without its result)."""
+    for i in range(len(history) - 1, -1, -1):
+        if _role(history[i]) == Role.ASSISTANT.value:
+            answered = {cid for later in history[i + 1:] for cid in _result_ids(later)}
+            return [cid for cid in _call_ids(history[i]) if cid not in answered]
+    return []
+
+
+def _role(message: HistoryItem) -> Any:
+    if isinstance(message, Message):
+        return message.role.value
+    role = message.get("role")
+    return role.value if isinstance(role, Role) else role
+
+
+def _blocks(message: HistoryItem) -> Iterator[Any]:
+    blocks = message.blocks if isinstance(message, Message) else message.get("blocks") or ()
+    return iter(blocks)
+
+
+def _call_ids(message: HistoryItem) -> Iterator[str]:
+    for b in _blocks(message):
+        if isinstance(b, ToolUse):
+            yield b.id
+        elif isinstance(b, Mapping) and b.get("kind") == "tool_use":
+            yield b.get("id")
+
+
+def _result_ids(message: HistoryItem) -> Iterator[str]:
+    for b in _blocks(message):
+        if isinstance(b, ToolResult):
+            yield b.tool_use_id
+        elif isinstance(b, Mapping) and b.get("kind") == "tool_result":
+            yield b.get("tool_use_id")
