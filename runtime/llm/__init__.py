@@ -39,7 +39,7 @@ from .events import (
 from .history import unanswered_calls
 from .model import Model
 from .resolve import ModelSettings, model_settings, parse_model_name, resolve_model
-from .retry import (
+from .retry_policy import (
     NO_RETRY,
     RetryPolicy,
     parse_retry_after,
@@ -47,7 +47,7 @@ from .retry import (
     retry_call,
     retry_stream,
 )
-from .retrying import RetryingModel, with_retry
+from .retrying_model import RetryingModel, with_retry
 from .safety import (
     check_api_key,
     check_base_url,

@@ -23,7 +23,7 @@ from runtime.llm import (
     retry_class,
 )
 from runtime.llm.events import response_events
-from runtime.llm.retrying import with_retry
+from runtime.llm.retrying_model import with_retry
 from runtime.llm.scripted import Pause, ScriptedModel
 from runtime.llm.scripted import Step as ScriptedStep
 

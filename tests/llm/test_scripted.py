@@ -31,7 +31,7 @@ from runtime.llm import (
     UsageUpdate,
     assemble,
 )
-from runtime.llm.retrying import RetryingModel, with_retry
+from runtime.llm.retrying_model import RetryingModel, with_retry
 from runtime.llm.scripted import Pause, Reply, ScriptedModel, call, delayed
 
 pytestmark = pytest.mark.anyio

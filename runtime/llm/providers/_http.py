@@ -50,7 +50,13 @@ import httpx
 
 from ..errors import ConfigurationError, Fault, LLMError, cap_message, quota_exhausted, retry_class
 from ..events import StreamEvent
-from ..retry import RetryPolicy, parse_retry_after, parse_retry_after_ms, retry_call, retry_stream
+from ..retry_policy import (
+    RetryPolicy,
+    parse_retry_after,
+    parse_retry_after_ms,
+    retry_call,
+    retry_stream,
+)
 from ..safety import check_api_key, check_base_url, display_url
 from ..types import Request, Response
 

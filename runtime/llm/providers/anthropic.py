@@ -55,7 +55,7 @@ from ..events import (
     ToolCallStart,
     UsageUpdate,
 )
-from ..retry import RetryPolicy
+from ..retry_policy import RetryPolicy
 from ..safety import supported_image_media_type
 from ..types import (
     ImageBlock,

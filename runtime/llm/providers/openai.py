@@ -45,7 +45,7 @@ from ..events import (
     ToolCallStart,
     UsageUpdate,
 )
-from ..retry import RetryPolicy
+from ..retry_policy import RetryPolicy
 from ..safety import display_url, is_loopback_url, supported_image_media_type
 from ..types import (
     ImageBlock,

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from .events import StreamEvent
 from .model import Model
-from .retry import RetryPolicy, retry_call, retry_stream
+from .retry_policy import RetryPolicy, retry_call, retry_stream
 from .types import Request, Response
 
 

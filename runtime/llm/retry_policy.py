@@ -1,4 +1,5 @@
-"""The shared retry layer: exponential backoff with jitter, honouring ``Retry-After``.
+"""The retry policy and the loop that applies it: exponential backoff with jitter, honouring
+``Retry-After``.
 
 Only transient faults are retried, within a bounded number of attempts and a bounded total
 time. A stream is retried only if it failed before delivering any event: output the caller
