@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LinkError, PathError, UsageError, WriteInComputationError
+from .._text import describe_surrogate, has_surrogate
+from ..errors import LinkError, NotJSONError, PathError, UsageError, WriteInComputationError
 from ..storage import DocKey
 from . import signals
 from .documents import Documents, Transaction, TxState, _missing, make_link, parse_link
@@ -94,6 +95,9 @@ class Cell:
                     f"{self!r}.key({t!r}): a path step is an object key (str) or a list index "
                     f"(int >= 0), not {type(t).__name__} {t!r}"
                 )
+            if type(t) is str and not t.isascii() and has_surrogate(t):
+                # a step becomes an object key when written: the JSON boundary's rule
+                raise NotJSONError(describe_surrogate(t, f"the path step {t!r} of {self!r}"))
         return Cell(self._docs, self._key, self.path + tokens, subschema(self.schema, tokens))
 
     def __getitem__(self, token: str | int) -> Cell:

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .._text import describe_surrogate, has_surrogate
 from ..errors import NotJSONError
 from ..storage.patch import copy_value as copy_json  # noqa: F401  (one deep copy, shared)
 
@@ -122,6 +123,11 @@ def check_json(value: Any, where: str | Callable[[], str] = "value", *, depth: i
     so the caller can refuse those the schema does not ask for; links made by code (from a
     ``Cell``) into ``made``.
 
+    This is where text enters the cell graph (writes, events, pattern arguments, initial
+    values), so a string holding a lone UTF-16 surrogate, as a value or as an object key, is
+    refused here (``runtime/_text.py``): it cannot be encoded, and stored in a shared cell it
+    would break every request that later carries it.
+
     The copy runs without building any message text; only when it fails does a second,
     slower pass find where, for the error."""
     try:
@@ -140,6 +146,13 @@ class _Bad(Exception):
 def _check(value: Any, depth: int, links: list[Path] | None, at: Path,
            where: str | None = None, made: list[Path] | None = None) -> Any:
     t = type(value)
+    if t is str:
+        # ASCII (nearly every string) is answered by isascii() alone, without a call
+        if not value.isascii() and has_surrogate(value):
+            if where is None:
+                raise _Bad
+            raise NotJSONError(describe_surrogate(value, where))
+        return value
     if t in JSON_SCALARS:
         if t is float and (value != value or value in (_INF, -_INF)):
             if where is None:
@@ -169,6 +182,10 @@ def _check(value: Any, depth: int, links: list[Path] | None, at: Path,
                     raise _Bad
                 raise NotJSONError(
                     f"{where} has a non-string key {k!r}; JSON object keys are strings")
+            if not k.isascii() and has_surrogate(k):
+                if where is None:
+                    raise _Bad
+                raise NotJSONError(describe_surrogate(k, f"a key of {where}"))
             out[k] = _check(v, d, links, (*at, k) if links is not None else at,
                             None if where is None else f"{where}/{escape(k)}", made)
         if links is not None and is_link(out):

@@ -17,7 +17,8 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from ..errors import ClosedError, PatternError, StreamError
+from .._text import describe_surrogate, has_surrogate
+from ..errors import ClosedError, NotJSONError, PatternError, StreamError
 from ..storage import DocKey, Store, open_store
 from .cell import Cell, Stream, accept_json, writing
 from .documents import Change, Documents, Transaction, current_transaction
@@ -190,6 +191,8 @@ class Runtime:
             raise PatternError(f"rt.run() takes a @pattern, got {pattern!r}")
         if not isinstance(space, str) or not space:
             raise PatternError(f"space must be a non-empty string, got {space!r}")
+        if has_surrogate(space):
+            raise PatternError(describe_surrogate(space, "space"))
         scope = Scope.of(user, session)
         if args is not None and not isinstance(args, dict):
             raise PatternError(f"pattern arguments must be a dict, got {type(args).__name__}")
@@ -388,6 +391,10 @@ def _to_document(value: Any, path: tuple[str, ...], streams: dict[str, Stream],
         patterns[value.key] = value
         return {PATTERN_REF: value.key}
     if isinstance(value, dict):
+        for k in value:
+            if type(k) is str and has_surrogate(k):
+                raise NotJSONError(describe_surrogate(k, f"a key of pattern output at /"
+                                                         f"{'/'.join(path)}"))
         return {str(k): _to_document(v, (*path, str(k)), streams, patterns)
                 for k, v in value.items()}
     if isinstance(value, list | tuple):
