@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import re
-import uuid
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,15 +59,10 @@ from ..llm import (
     run_steps,
 )
 from ..llm.errors import cap_message
-from .llm_dialog import (
-    PARTIAL_INTERVAL,
-    PRESENT_RESULT,
-    _catalog,
-    _inert,
-    _inline_refs,
-    _ToolSpec,
-    model_for,
-)
+from .dialog_input import inert
+from .dialog_tools import PRESENT_RESULT, ToolSpec, build_catalog, inline_refs
+from .llm_dialog import model_for
+from .turns import PartialText, TurnState
 
 __all__ = ["Generation", "generate_object", "generate_text"]
 
@@ -144,12 +138,12 @@ def _build(kind: str, prompt: Any, messages: Any, system: Any, model: Any, max_t
     wrapped = False
     present: dict[str, Any] | None = None
     if schema is not None and tools:
-        present = _inline_refs(schema)
+        present = inline_refs(schema)
         if present.get("type") != "object":  # a tool's input is an object: wrap the value
             wrapped = True
             present = {"type": "object", "properties": {"result": present},
                        "required": ["result"], "additionalProperties": False}
-    catalog = _catalog(tools or {}, False, present)
+    catalog = build_catalog(tools or {}, False, present)
     inputs = [x for x in (prompt, messages, system) if isinstance(x, Cell)]
     node = BuiltinNode(kind, inputs, name=name)
     gen = _Generation(node, kind, prompt, messages, system, model, max_tokens, catalog,
@@ -194,12 +188,11 @@ _NOTHING: Any = object()
 
 
 class _Run:
-    __slots__ = ("last_partial", "present", "text", "turn")
+    __slots__ = ("present", "text", "turn")
 
-    def __init__(self, turn: str) -> None:
+    def __init__(self, turn: str, text: PartialText) -> None:
         self.turn = turn
-        self.text = ""
-        self.last_partial = float("-inf")  # the first text shows at once
+        self.text = text
         self.present: Any = _NOTHING
 
 
@@ -208,7 +201,7 @@ class _Generation:
 
     def __init__(self, node: BuiltinNode, kind: str, prompt: Cell | str | None,
                  messages: Cell | None, system: Cell | str | None, model: str | Model | None,
-                 max_tokens: int | None, catalog: dict[str, _ToolSpec], max_steps: int,
+                 max_tokens: int | None, catalog: dict[str, ToolSpec], max_steps: int,
                  schema: dict[str, Any] | None, wrapped: bool) -> None:
         self.node = node
         self.kind = kind
@@ -221,12 +214,12 @@ class _Generation:
         self.use_messages = messages is not None
         self.presents = PRESENT_RESULT in catalog
         self.instruction = self._instruction()
-        self.pending = node.state("pending", False, bool)
+        self.state = TurnState(node)  # pending, turn, error, partial
+        self.pending = self.state.pending
+        self.error = self.state.error
+        self.partial = self.state.partial
         self.result = node.state("result", None)
-        self.error = node.state("error", None)
-        self.partial = node.state("partial", None)
         self.request = node.state("request", None)  # the hash of the request answered
-        self.turn = node.state("turn", None)  # the id of the one generation that may write
         self.key = (self.request.space, self.request.scope, self.request.id)
         self._rt: Runtime | None = None
 
@@ -261,29 +254,27 @@ class _Generation:
         flight = flights.get(self.key)
         if self.request.get() == ask.digest:
             if (flight is not None and flight.digest == ask.digest
-                    and self.turn.get() == flight.turn):
+                    and self.state.current_id() == flight.turn):
                 return  # this very request is running
             if not self.pending.get() and self.error.get() is None:
                 return  # memoised: the outputs answer it already
+            if (self.pending.get() and flight is None and self.state.holder_alive(rt)
+                    and (self.state.turn.get() or {}).get("holder") != rt.lease.holder):
+                return  # another live process runs this very request: its answer lands
             # pending with nothing running (its process stopped), or failed: run it again
         self._cancel(flights)
-        turn = uuid.uuid4().hex
-        self.pending.set(True)
+        rt.lease.hold()  # held (renewed if it must be) before the turn names it
+        rt.lease.drop()  # the generation's task holds it from its start to its end
+        turn = self.state.begin(rt)
         self.request.set(ask.digest)
-        self.turn.set(turn)
         self.result.set(None)
-        self.error.set(None)
-        self.partial.set(None)
         scope = self.node.spawn(self._run, rt, turn, ask, name=f"{self.node.label} generation")
         flights[self.key] = _Flight(turn, ask.digest, scope, self)
 
     def _settle(self, digest: str | None, error: str | None) -> None:
-        self.pending.set(False)
+        self.state.end(error)
         self.request.set(digest)
-        self.turn.set(None)
         self.result.set(None)
-        self.error.set(error)
-        self.partial.set(None)
 
     def _cancel(self, flights: dict[tuple[str, str, str], _Flight]) -> None:
         flight = flights.pop(self.key, None)
@@ -339,14 +330,15 @@ class _Generation:
         if self.presents:
             return (f"When you have the result, call the {PRESENT_RESULT} tool with it: that "
                     "ends the task.")
-        shown = json.dumps(_inline_refs(self.schema), sort_keys=True, ensure_ascii=False)
+        shown = json.dumps(inline_refs(self.schema), sort_keys=True, ensure_ascii=False)
         return ("Answer with only a JSON value matching this JSON Schema, with no other text: "
                 + shown)
 
     # -- a generation ----------------------------------------------------------------
 
     async def _run(self, rt: Runtime, turn: str, ask: _Ask) -> None:
-        run = _Run(turn)
+        rt.lease.hold()
+        run = _Run(turn, PartialText(self.state, float("-inf")))  # the first text shows at once
         try:
             value = await self._generate(rt, run, self._resolve(rt), ask)
             self._end(rt, turn, value, None)
@@ -361,6 +353,7 @@ class _Generation:
             if flights is not None and (f := flights.get(self.key)) is not None \
                     and f.turn == turn:
                 del flights[self.key]
+            rt.lease.drop()
 
     def _resolve(self, rt: Runtime) -> Model:
         return model_for(self.node.label, self.kind, self.model, rt)
@@ -390,7 +383,7 @@ class _Generation:
                                       sink=sink, max_steps=self.max_steps)
         if run.present is not _NOTHING:
             value = run.present["result"] if self.wrapped else run.present
-            return self._check(_inert(value))
+            return self._check(inert(value))
         assert outcome is not None  # only presentResult cancels `stop`
         if outcome.status is StepsStatus.ERROR:
             raise _Failure(str(outcome.error) if outcome.error is not None
@@ -407,7 +400,7 @@ class _Generation:
         text = final.text_content() if final is not None else ""
         if self.schema is None:
             return text
-        return self._check(_inert(_parse_json(text)))
+        return self._check(inert(_parse_json(text)))
 
     def _check(self, value: Any) -> Any:
         assert self.schema is not None
@@ -417,37 +410,22 @@ class _Generation:
             raise _Failure(f"the model's answer does not match the schema: {e}") from None
         return value
 
-    def _guarded(self, turn: str) -> bool:
-        """Inside a transaction: may this generation still write?"""
-        return self.turn.get() == turn and bool(self.pending.get())
-
     def _on_text(self, rt: Runtime, run: _Run, delta: str) -> None:
-        run.text += delta
-        now = rt.clock()
-        if now - run.last_partial < PARTIAL_INTERVAL:
-            return  # coarsened: a few writes a second, not one per token
-        run.last_partial = now
-        with rt.transaction():
-            if self._guarded(run.turn):
-                self.partial.set(run.text)
+        run.text.feed(rt, run.turn, delta)
 
     def _on_message(self, rt: Runtime, run: _Run, message: Message) -> None:
         if message.role is not Role.ASSISTANT or not message.tool_uses():
             return
-        run.text = ""  # a step that called tools: the next one streams afresh
-        with rt.transaction():
-            if self._guarded(run.turn):
-                self.partial.set(None)
+        with rt.transaction():  # a step that called tools: the next one streams afresh
+            if self.state.owns(rt, run.turn):
+                run.text.reset()
 
     def _end(self, rt: Runtime, turn: str, value: Any, error: str | None) -> None:
         with rt.transaction():
-            if not self._guarded(turn):
+            if not self.state.owns(rt, turn):
                 return  # superseded, emptied or stopped: a late answer lands nowhere
             self.result.set(value)
-            self.error.set(error)
-            self.partial.set(None)
-            self.pending.set(False)
-            self.turn.set(None)
+            self.state.end(error)
 
 
 def _value(x: Cell | str | None) -> Any:

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..cells import Cell, Stream
+from ..cells import Cell, Pattern, Stream
 from ..cells.documents import make_link, parse_link
 from ..cells.jsonpath import MISSING, Path, is_link, parse_pointer, pointer
 from ..cells.runtime import PATTERN_REF
@@ -57,7 +57,9 @@ READ_LIMIT = 8000  # characters of a value `read` returns
 VALUE_LIMIT = 2000  # characters of a value shown in the "Available Cells" section
 SCHEMA_LIMIT = 8000  # characters of a schema `schema` returns
 _DETAIL = 500  # characters of an underlying error quoted back
-_NAME_LIMIT = 200
+_NAME_LIMIT = 200  # characters of a pin's name
+MAX_PINS = 40  # cells pinned at once: each is listed in every later system prompt
+CELLS_LIMIT = 24_000  # characters of the whole "# Available Cells" section
 _INFER_DEPTH = 8  # links followed when a schema is inferred from a value
 _STREAM_MARKER = {"$stream": True}
 
@@ -88,7 +90,8 @@ MANAGEMENT_TOOLS: tuple[Tool, ...] = (
         "Send an event to a stream (a handler, e.g. an entry shown as {\"$stream\": ...}) and "
         "run it; or run a pattern (an entry shown as {\"$pattern\": ...}) with `args` as its "
         "arguments, which returns where its result lives and what it holds. `args` is shaped "
-        "as the schema tool says; it defaults to {}. Returns a confirmation, or the error."),
+        "as the schema tool says (without it, the call's fields other than `path` are the "
+        "event). Returns a confirmation, or the error."),
         input_schema={"type": "object", "properties": {
             "path": _PATH,
             "args": {"description": "The event to send (any JSON; usually an object)."},
@@ -240,7 +243,15 @@ class Management:
         target = self._target(args)
         key, path, value = self._value_at(target)
         if isinstance(value, dict) and set(value) == {PATTERN_REF}:
-            return self._run_pattern(value[PATTERN_REF], args.get("args", {}))
+            # a capability, not a name: only a pattern a pattern's result offers at this
+            # very place runs; the same shape written anywhere else is data
+            pattern = self.rt.pattern_at(key, path)
+            if pattern is None:
+                raise _Refused(
+                    f"{self._show(target.key, target.path)} holds data shaped like a pattern "
+                    "reference, not a pattern offered to you: invoke runs the patterns that "
+                    "a pattern's result shows (read it to find them), by their path there.")
+            return self._run_pattern(pattern, _event_of(args))
         if key in self.own_streams:
             raise _Refused(
                 f"{self._show(key, ())} is one of this dialog's own inputs (its messages, "
@@ -255,8 +266,8 @@ class Management:
         if stream is None:
             raise _Refused(f"{self._show(key, ())} is a stream of a pattern that is not "
                            "running now, so nothing would handle the event.")
-        event = args.get("args", {})
-        event = self._accept_links(event, stream.event_schema, (), stream._key.scope, "args")
+        event = self._accept_links(_event_of(args), stream.event_schema, (), stream.scope,
+                                   "args")
         try:
             await self.rt.send(stream, event)
         except Exception as e:  # the handler's error, or the event's
@@ -268,13 +279,9 @@ class Management:
         return ToolOutcome(f"Sent to {self._show(key, ())} (handler {stream.name}); it ran "
                            "and its changes were committed.")
 
-    def _run_pattern(self, name: Any, event: Any) -> ToolOutcome:
-        """Run the pattern a result names, fresh (a new instance each time), in the dialog's
+    def _run_pattern(self, pattern: Pattern, event: Any) -> ToolOutcome:
+        """Run a pattern a result offers, fresh (a new instance each time), in the dialog's
         space and scope, with ``event`` as its arguments."""
-        pattern = self.rt.pattern_named(name) if isinstance(name, str) else None
-        if pattern is None:
-            raise _Refused(f"no running pattern is named {_short(name)}; read the entry "
-                           "again, the pattern that offered it may have stopped.")
         if not isinstance(event, dict):
             raise _Refused(f"a pattern takes an object of arguments, got {_kind(event)}.")
         event = self._accept_links(event, pattern.argument_schema, (), self.scope, "args")
@@ -282,8 +289,8 @@ class Management:
         inst = self.rt.run(pattern, event, space=self.space, user=scope.user,
                            session=scope.session, cause=["invoke", uuid.uuid4().hex])
         return ToolOutcome(self._json({
-            "@resultLocation": self._ref(inst.result._key, ()),
-            "result": self._materialize(inst.result.raw(), inst.result._key),
+            "@resultLocation": self._ref(inst.result.key, ()),
+            "result": self._materialize(inst.result.raw(), inst.result.key),
         }, self.read_limit, f"the result of {pattern.name}"))
 
     # -- schema ----------------------------------------------------------------------
@@ -325,6 +332,9 @@ class Management:
             for entry in pins:
                 if self._entry_ident(entry) == ident:
                     return ToolOutcome(f"Already pinned, as {entry.get('name')!r}.")
+            if len(pins) >= MAX_PINS:
+                raise _Refused(f"{len(pins)} cells are pinned, the most there may be "
+                               f"({MAX_PINS}); unpin one you no longer need first.")
             entry = self._entry(target, name)
             self.pins.set([*pins, entry])
         return ToolOutcome(f"Pinned {self._show(target.key, target.path)} as {name!r}: it "
@@ -350,6 +360,37 @@ class Management:
             self.pins.set(kept)
         return ToolOutcome(f"Unpinned {self._show(target.key, target.path)}.")
 
+    def pin_from_pattern(self, path: Any, name: Any) -> None:
+        """The pattern's ``pin_cell``: pin ``path`` (a link, or ``"/<id>/<path>"``) under
+        ``name`` (the path if none). Inside the caller's transaction; a bad pin raises
+        ``PatternError`` saying what to send instead."""
+        if name is not None and not isinstance(name, str):
+            raise PatternError(f"pin_cell's name must be a string, got {type(name).__name__}")
+        if isinstance(name, str) and len(name) > _NAME_LIMIT:
+            raise PatternError(f"pin_cell's name is {len(name):,} characters; keep it under "
+                               f"{_NAME_LIMIT}")
+        if is_link(path):
+            entry = {"path": path["@link"], "name": name or path["@link"]}
+            if path.get("scope"):
+                entry["scope"] = path["scope"]
+        elif isinstance(path, str) and path.startswith("/"):
+            entry = {"path": path, "name": name or path}
+        else:
+            raise PatternError(
+                "pin_cell takes {'path': <a cell's link, cell.link(), or '/<id>/<path>'>, "
+                f"'name': '...'}}, got path {_short(path)}")
+        if len(entry["path"]) > 2 * _NAME_LIMIT + 1000:
+            raise PatternError(f"pin_cell's path is {len(entry['path']):,} characters; give "
+                               "the path of a cell (\"/<id>/<path>\")")
+        pins = self._pin_list()
+        if any(p.get("path") == entry["path"] and p.get("scope") == entry.get("scope")
+               for p in pins):
+            return  # already pinned
+        if len(pins) >= MAX_PINS:
+            raise PatternError(f"pin_cell: {len(pins)} cells are pinned, the most there may "
+                               f"be ({MAX_PINS}); unpin some first (unpin_all_cells)")
+        self.pins.push(entry)
+
     def pinned(self) -> list[dict[str, Any]]:
         """The pins as stored: ``[{"path", "name", "scope"?}]``."""
         return self._pin_list()
@@ -359,24 +400,38 @@ class Management:
         """The "# Available Cells" section of the system prompt: each context cell (by its
         key), then each pin (by its name), with the path the tools take, its schema and its
         current value (truncated to ``value_limit`` characters). ``""`` when there is none.
-        Never raises: a cell that cannot be read says so."""
+        Never raises: a cell that cannot be read says so. The section holds at most
+        ``CELLS_LIMIT`` characters (and ``MAX_PINS`` pins): what does not fit is counted,
+        not shown."""
         lines: list[str] = []
+        entries: list[list[str]] = []
         for name, c in (context or {}).items():
             try:
                 link = c.link()
                 key, path = parse_link(link, DocKey(c.space, c.scope, c.id))
-                lines += self._entry_lines(str(name), _Target(key, path), value_limit,
-                                           c.schema)
+                entries.append(self._entry_lines(_cap(str(name), _NAME_LIMIT),
+                                                 _Target(key, path), value_limit, c.schema))
             except Exception as e:
-                lines += [f"## {name}", f"(unavailable: {_describe(e)})"]
-        for entry in self._pin_list():
-            name = str(entry.get("name", ""))
+                entries.append([f"## {name}", f"(unavailable: {_describe(e)})"])
+        for entry in self._pin_list()[:MAX_PINS]:
+            name = _cap(str(entry.get("name", "")), _NAME_LIMIT)
             try:
                 target = self._target({"path": self._entry_ref(entry)})
-                lines += self._entry_lines(name, target, value_limit, None)
+                entries.append(self._entry_lines(name, target, value_limit, None))
             except Exception as e:
-                lines += [f"## {name}", f"path: {self._entry_path(entry)}",
-                          f"(unavailable: {_describe(e)})"]
+                entries.append([f"## {name}", f"path: {_cap(self._entry_path(entry), 300)}",
+                                f"(unavailable: {_describe(e)})"])
+        used = 0
+        for n, block in enumerate(entries):
+            size = sum(len(line) + 1 for line in block)
+            if used + size > CELLS_LIMIT:
+                rest = len(entries) - n
+                lines.append(f"({rest} more cell{'s' * (rest != 1)} not shown: this section "
+                             f"holds {CELLS_LIMIT:,} characters; read them with read, or "
+                             "unpin what you no longer need)")
+                break
+            lines += block
+            used += size
         return "\n".join(["# Available Cells", *lines]) if lines else ""
 
     def _entry_lines(self, name: str, target: _Target, limit: int,
@@ -469,11 +524,10 @@ class Management:
         return ToolOutcome(f"Updated the arguments of {inst.pattern.name}; they are now {now}.")
 
     def _instance_of(self, key: DocKey) -> Instance | None:
-        for inst in list(self.rt._instances.values()):  # private: the runtime's registry
-            for c in (inst.result, inst.argument):
-                if (c.space, c.scope, c.id) == tuple(key) and not inst.stopped:
-                    return inst
-        return None
+        inst = self.rt.instance_of(key)
+        if inst is None or inst.stopped or key not in (inst.result.key, inst.argument.key):
+            return None
+        return inst
 
     # -- paths -----------------------------------------------------------------------
 
@@ -584,16 +638,8 @@ class Management:
         return doc.readonly is not None and not doc.derived
 
     def _find_stream(self, key: DocKey) -> Stream | None:
-        """The live ``Stream`` of a stream document. The runtime keeps no index of them, so
-        this scans its running instances' builders (private: ``rt._instances`` and
-        ``inst._builder.streams``, which hold builtin nodes' streams too)."""
-        for inst in list(self.rt._instances.values()):
-            if inst.stopped:
-                continue
-            for stream in inst._builder.streams:
-                if stream._key == key and not stream.stopped:
-                    return stream
-        return None
+        """The live ``Stream`` of a stream document (builtin nodes' streams too)."""
+        return self.rt.stream_at(key)
 
     # -- values ------------------------------------------------------------------------
 
@@ -685,7 +731,7 @@ class Management:
         where the event schema asks for a cell); raises ``ToolError`` saying what to send
         instead."""
         try:
-            return self._accept_links(value, stream.event_schema, (), stream._key.scope, where)
+            return self._accept_links(value, stream.event_schema, (), stream.scope, where)
         except _Refused as e:
             raise ToolError(str(e)) from None
 
@@ -746,6 +792,14 @@ def _as_link(raw: Any) -> dict[str, Any] | None:
         if set(raw) <= {"@link", "scope"} and isinstance(raw.get("scope", ""), str):
             return dict(raw)
     return None
+
+
+def _event_of(args: dict[str, Any]) -> Any:
+    """The event an ``invoke`` sends: its ``args``; without them, the call's other fields
+    (models often write ``{"path": ..., "title": "milk"}``)."""
+    if "args" in args:
+        return args["args"]
+    return {k: v for k, v in args.items() if k != "path"}
 
 
 def _write_nested(argument: Cell, parts: tuple[str, ...], value: Any) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 @pytest.mark.parametrize("page, at_least", [("llm-dialog.md", 4), ("builtins.md", 2)])

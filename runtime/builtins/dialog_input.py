@@ -1,0 +1,139 @@
+"""What a dialog accepts into its history, from the user and from the model.
+
+- **The user** (``add_message``) sends a string, or a user message holding text and
+  supported images only (``user_message``). Tool calls, tool results and provider blocks
+  are the dialog's to write: a user message carrying one would break the history (a result
+  no call asked for) or splice provider content into a request (an opaque block's raw JSON
+  goes to the provider verbatim), so each is refused with an error saying what to send.
+- **The model's** JSON (a call's input) is stored *inert* (``inert_message``): a
+  link-shaped object in it is kept as its JSON text, so the history never holds a live link
+  the model made up (it would alias other documents on read).
+- **Stored history** is read back through ``load_history``: text that cannot be encoded
+  (a lone surrogate, in data stored before the boundary refused it) is replaced, so one bad
+  character never makes every later turn fail.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .._text import describe_surrogate, has_surrogate, scrub
+from ..cells.jsonpath import is_link
+from ..errors import PatternError
+from ..llm import ImageBlock, Message, Role, TextBlock
+from ..llm.safety import SUPPORTED_IMAGE_MEDIA_TYPES, supported_image_media_type
+
+__all__ = ["MAX_MESSAGE_CHARS", "inert", "inert_message", "load_history", "user_message"]
+
+MAX_MESSAGE_CHARS = 200_000  # characters of text in one user message
+MAX_IMAGES = 20  # images in one user message
+
+_SHAPE = ("add_message takes a string (the user's text) or a user message "
+          "{'role': 'user', 'blocks': [{'kind': 'text', 'text': '...'}]} whose blocks are text "
+          f"and images ({', '.join(sorted(SUPPORTED_IMAGE_MEDIA_TYPES))})")
+
+
+def user_message(event: Any) -> Message:
+    """The user's message from an ``add_message`` event, or a ``PatternError`` saying what
+    was wrong and what to send instead."""
+    if isinstance(event, str):
+        if not event.strip():
+            raise PatternError("add_message got an empty string; send the user's text")
+        _check_text(event, "add_message's text")
+        return Message(role=Role.USER, blocks=(TextBlock(text=event),))
+    if not isinstance(event, dict):
+        raise PatternError(f"{_SHAPE}; got {type(event).__name__} {_short(event)}")
+    if event.get("role") != "user":
+        raise PatternError(f"{_SHAPE}; got a message whose role is {_short(event.get('role'))} "
+                           "(the dialog writes the assistant's messages itself)")
+    blocks = event.get("blocks")
+    if not isinstance(blocks, list) or not blocks:
+        raise PatternError(f"{_SHAPE}; got a message with no blocks")
+    images = 0
+    for i, block in enumerate(blocks):
+        kind = block.get("kind") if isinstance(block, dict) else None
+        if kind == "text":
+            text = block.get("text")
+            if isinstance(text, str):
+                _check_text(text, f"add_message's block {i}")
+        elif kind == "image":
+            images += 1
+            media = block.get("media_type")
+            if not isinstance(media, str) or not supported_image_media_type(media):
+                raise PatternError(
+                    f"add_message's block {i} is an image of type {_short(media)}, which the "
+                    f"providers do not take; send one of "
+                    f"{', '.join(sorted(SUPPORTED_IMAGE_MEDIA_TYPES))}")
+        else:
+            raise PatternError(
+                f"add_message's block {i} is a {_short(kind)} block; {_SHAPE}. Tool calls, "
+                "tool results and provider blocks are written by the dialog, never sent")
+    if images > MAX_IMAGES:
+        raise PatternError(f"add_message got {images} images; send at most {MAX_IMAGES}")
+    try:
+        message = Message.model_validate(event)
+    except ValueError as e:
+        raise PatternError(f"add_message: {_SHAPE}; {_short(str(e), 300)}") from None
+    text = sum(len(b.text) for b in message.blocks if isinstance(b, TextBlock))
+    if text > MAX_MESSAGE_CHARS:
+        raise PatternError(f"add_message got {text:,} characters of text; send at most "
+                           f"{MAX_MESSAGE_CHARS:,}")
+    if not any((isinstance(b, TextBlock) and b.text.strip()) or isinstance(b, ImageBlock)
+               for b in message.blocks):
+        raise PatternError("add_message got a message with only empty text; send the "
+                           "user's text")
+    return message
+
+
+def _check_text(text: str, where: str) -> None:
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise PatternError(f"{where} is {len(text):,} characters; send at most "
+                           f"{MAX_MESSAGE_CHARS:,}")
+    if has_surrogate(text):
+        raise PatternError(describe_surrogate(text, where))
+
+
+def load_history(raw: Any) -> tuple[Message, ...]:
+    """The stored history as messages. Text that cannot be encoded is replaced (see the
+    module docstring); anything else that is not a message is a ``PatternError``."""
+    if not isinstance(raw, list):
+        raise PatternError(f"the dialog's messages cell holds {type(raw).__name__}, not a "
+                           "list of messages")
+    try:
+        return tuple(Message.model_validate(scrub(m)) for m in raw)
+    except ValueError as e:
+        raise PatternError(f"the dialog's messages cell holds something that is not a "
+                           f"message: {_short(str(e), 300)}") from None
+
+
+def inert_message(message: dict[str, Any]) -> dict[str, Any]:
+    """``inert`` of a message: only blocks that carry the model's own JSON (a call's input,
+    a provider's opaque data) can hold a link; text and results are strings."""
+    blocks = message.get("blocks")
+    if isinstance(blocks, list):
+        message["blocks"] = [inert(b) if isinstance(b, dict) and b.get("kind") not in (
+            "text", "tool_result") else b for b in blocks]
+    return message
+
+
+def inert(value: Any) -> Any:
+    """``value`` with each link-shaped object in it stored as its JSON text. The call
+    itself ran with what the model sent."""
+    if isinstance(value, dict):
+        if is_link(value):
+            return json.dumps(value, sort_keys=True)
+        return {k: inert(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [inert(v) for v in value]
+    return value
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, default=repr)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    text = text if isinstance(text, str) else str(text)
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
+

@@ -1,0 +1,124 @@
+"""The turn protocol ``llm_dialog`` and ``generate_*`` share: one turn at a time may write.
+
+A builtin whose work runs in turns keeps four things in stored cells of its node:
+
+- ``pending``: a turn is running;
+- ``turn``: which one, ``{"id": <uuid>, "holder": <lease holder>}``: the only turn whose
+  writes land (every write checks it in the same transaction: ``owns``), and the process
+  lease that owns it (``runtime/cells/lease.py``): a turn may be taken over only once its
+  holder's lease has expired, so a live owner keeps its turn however long a model call lasts;
+- ``error``: why the last turn ended without an answer, or None;
+- ``partial``: the text streamed so far. It is stored as a list of chunks, each flush an
+  append (a patch of the new text only), and shown as their concatenation by a derived
+  cell: a long reply costs storage linear in its length, not a rewrite per flush.
+
+Nothing here knows what a turn does; ``llm_dialog`` and ``generate`` do.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from ..cells import Cell, Runtime, computed
+from ..cells.builtin import BuiltinNode
+
+__all__ = ["PARTIAL_INTERVAL", "PartialText", "TurnState"]
+
+PARTIAL_INTERVAL = 0.25  # seconds between flushes of streamed text into `partial`
+
+
+def _joined(chunks: Any) -> str | None:
+    return "".join(chunks) if isinstance(chunks, list) and chunks else None
+
+
+class TurnState:
+    """The cells of the turn protocol of one builtin node, and the rules that guard them."""
+
+    def __init__(self, node: BuiltinNode) -> None:
+        self.node = node
+        self.pending = node.state("pending", False, bool)
+        self.turn = node.state("turn", None)
+        self.error = node.state("error", None)
+        self.chunks = node.state("partial_chunks", [])
+        chunks = self.chunks
+        self.partial: Cell = computed(lambda: _joined(chunks.get()),
+                                      name=f"{node.name}.partial")
+
+    # -- inside a transaction --------------------------------------------------------
+
+    def begin(self, rt: Runtime) -> str:
+        """A new turn owned by this process: pending, no error, no partial text."""
+        turn_id = uuid.uuid4().hex
+        holder = rt.lease.hold()
+        self.pending.set(True)
+        self.turn.set({"id": turn_id, "holder": holder})
+        self.error.set(None)
+        self.chunks.set([])
+        return turn_id
+
+    def owns(self, rt: Runtime, turn_id: str) -> bool:
+        """May turn ``turn_id`` still write? Its id is the current one, it is pending, it was
+        recorded under this process's current lease holder, and that lease is known to be
+        held (a paused process whose lease expired is fenced: its late writes land nowhere).
+        Reads only: no heartbeat, no write per step."""
+        turn = self.turn.get()
+        return (isinstance(turn, dict) and turn.get("id") == turn_id
+                and bool(self.pending.get()) and turn.get("holder") == rt.lease.holder
+                and rt.lease.valid())
+
+    def holder_alive(self, rt: Runtime) -> bool:
+        """Is the process that owns the pending turn alive (its lease unexpired)? A turn
+        recorded without a holder (written before leases) is taken to be dead."""
+        turn = self.turn.get()
+        holder = turn.get("holder") if isinstance(turn, dict) else None
+        return isinstance(holder, str) and rt.lease.is_live(holder)
+
+    def current_id(self) -> str | None:
+        turn = self.turn.get()
+        value = turn.get("id") if isinstance(turn, dict) else None
+        return value if isinstance(value, str) else None
+
+    def end(self, error: str | None) -> None:
+        """The turn is over: not pending, no turn, ``error`` (None for an answer)."""
+        self.error.set(error)
+        self.clear_partial()
+        self.pending.set(False)
+        self.turn.set(None)
+
+    def clear_partial(self) -> None:
+        if self.chunks.get():
+            self.chunks.set([])
+
+
+class PartialText:
+    """Streamed text of one turn, flushed into ``partial`` a few times a second (each flush
+    appends only what arrived since the last one)."""
+
+    __slots__ = ("flushed", "last", "state", "unflushed")
+
+    def __init__(self, state: TurnState, now: float) -> None:
+        self.state = state
+        self.unflushed: list[str] = []
+        self.flushed = False  # this step wrote into `partial`
+        self.last = now
+
+    def feed(self, rt: Runtime, turn_id: str, delta: str) -> None:
+        self.unflushed.append(delta)
+        now = rt.clock()
+        if now - self.last < PARTIAL_INTERVAL:
+            return  # coarsened: a few writes a second, not one per token
+        self.last = now
+        piece = "".join(self.unflushed)
+        self.unflushed.clear()
+        with rt.transaction():
+            if self.state.owns(rt, turn_id):
+                self.state.chunks.push(piece)
+                self.flushed = True
+
+    def reset(self) -> None:
+        """Inside a transaction: a new step streams afresh."""
+        self.unflushed.clear()
+        if self.flushed:
+            self.state.clear_partial()
+            self.flushed = False

@@ -1,0 +1,150 @@
+"""Turns owned by a process lease (defect 8 of issue 14): a live owner keeps its turn however
+long it is silent; a dead owner's turn is recovered within about the lease's TTL, with a
+valid history; a paused owner that comes back is fenced."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from runtime import Runtime
+from runtime.llm import ScriptedModel
+
+from .lease_agent import lease_agent
+from .support import Gate, assert_valid_history, todo_agent
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[2]
+WAIT = 20  # seconds: a bound on every wait, never a pause
+
+
+async def test_a_live_owner_silent_far_longer_than_the_old_bound_keeps_its_turn():
+    now = [1000.0]
+    model = Gate(["the long answer"])
+    async with Runtime(model=model, clock=lambda: now[0]) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        await inst.send("send", "one")
+        with anyio.fail_after(WAIT):
+            await model.started.wait()
+        now[0] += 10_000  # far past the 300 s the heartbeat allowed
+        await inst.send("send", "are you there?")
+        assert inst.result.key("dropped").get() == 1
+        assert inst.result.key("pending").get() is True
+        model.opened.set()
+        await rt.settled()
+        texts = [m.text_content() for m in assert_valid_history(inst)]
+        assert texts == ["one", "the long answer"]
+
+
+async def test_another_process_on_sqlite_leaves_a_live_turn_alone_past_several_ttls(tmp_path):
+    store = f"sqlite:///{tmp_path / 'live.db'}"
+    ttl = 0.4
+    model = Gate(["from A"])
+    async with Runtime(store=store, model=model, lease_ttl=ttl) as a_rt, \
+            Runtime(store=store, model=ScriptedModel(["from B"]), lease_ttl=ttl) as b_rt:
+        a = a_rt.run(todo_agent, user="u", session="s")
+        b = b_rt.run(todo_agent, user="u", session="s")
+        await a.send("send", "one")
+        with anyio.fail_after(WAIT):
+            await model.started.wait()
+        await anyio.sleep(ttl * 4)  # the time under test: several TTLs of a silent owner
+        await b.send("send", "while A is alive")
+        assert b.result.key("dropped").get() == 1
+        model.opened.set()
+        await a_rt.settled()
+    async with Runtime(store=store) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        assert [m.text_content() for m in assert_valid_history(inst)] == ["one", "from A"]
+
+
+def _child(store: str, mode: str, ttl: float) -> subprocess.Popen[str]:
+    code = ("import sys; from tests.builtins.lease_agent import main; "
+            "main(sys.argv[1], sys.argv[2], float(sys.argv[3]))")
+    return subprocess.Popen([sys.executable, "-c", code, store, mode, str(ttl)], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _line(proc: subprocess.Popen[str], key: str) -> Any:
+    """The next line the child prints that carries ``key`` (bounded by the child's exit)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        record = json.loads(line)
+        if key in record:
+            return record[key]
+    raise AssertionError(f"the child exited ({proc.wait()}) before printing {key!r}")
+
+
+async def test_a_killed_owners_turn_is_recovered_within_the_ttl_with_a_valid_history(tmp_path):
+    store = f"sqlite:///{tmp_path / 'killed.db'}"
+    ttl = 2.0
+    child = _child(store, "block", ttl)
+    try:
+        holder = await anyio.to_thread.run_sync(_line, child, "blocked")
+        child.send_signal(signal.SIGKILL)  # mid-turn: its step's calls have no results
+        killed = time.monotonic()
+        child.wait(WAIT)
+    finally:
+        child.kill()
+    async with Runtime(store=store, model=ScriptedModel(["recovered"]), lease_ttl=ttl) as rt:
+        inst = rt.run(lease_agent, user="u", session="s")
+        await inst.send("send", "hello?")  # the dead owner's lease has not expired yet
+        assert inst.result.key("dropped").get() == 1
+        remaining = rt.store.lease_remaining(holder)
+        assert remaining is not None and remaining <= ttl
+        await anyio.sleep(max(0.0, remaining) + 0.05)  # until the lease's own deadline
+        await inst.send("send", "again")
+        recovered = time.monotonic() - killed
+        await rt.settled()
+        assert recovered <= ttl + 1.0, recovered
+        messages = assert_valid_history(inst)
+        assert [m.role.value for m in messages] == [
+            "user", "assistant", "user", "assistant", "user", "assistant"]
+        interrupted = messages[2].blocks
+        assert len(interrupted) == 2 and all(r.is_error for r in interrupted)
+        assert all("interrupted" in r.content for r in interrupted)
+        assert "interrupted" in messages[3].text_content()
+        assert [messages[4].text_content(), messages[5].text_content()] == [
+            "again", "recovered"]
+        assert inst.result.key("pending").get() is False
+
+
+async def test_a_paused_owner_that_comes_back_is_fenced(tmp_path):
+    store = f"sqlite:///{tmp_path / 'paused.db'}"
+    ttl = 1.0
+    child = _child(store, "gate", ttl)
+    try:
+        holder = await anyio.to_thread.run_sync(_line, child, "holder")
+        await anyio.to_thread.run_sync(_line, child, "waiting")  # its model call is open
+        child.send_signal(signal.SIGSTOP)
+        async with Runtime(store=store, model=ScriptedModel(["from B"]),
+                           lease_ttl=ttl) as rt:
+            inst = rt.run(lease_agent, user="u", session="s")
+            with anyio.fail_after(WAIT):
+                while (left := rt.store.lease_remaining(holder)) is not None and left > 0:
+                    await anyio.sleep(left + 0.05)  # until the paused owner's deadline
+            await inst.send("send", "two")
+            await rt.settled()
+        child.send_signal(signal.SIGCONT)
+        assert child.stdin is not None
+        child.stdin.write("go\n")  # A's late reply arrives
+        child.stdin.flush()
+        await anyio.to_thread.run_sync(_line, child, "done")  # its turn ended
+        assert child.wait(WAIT) == 0
+    finally:
+        child.kill()
+    async with Runtime(store=store) as rt:
+        inst = rt.run(lease_agent, user="u", session="s")
+        texts = [m.text_content() for m in assert_valid_history(inst)]
+        assert "late from A" not in " ".join(texts)
+        assert texts[0] == "one" and texts[-2:] == ["two", "from B"]
