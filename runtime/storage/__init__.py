@@ -1,4 +1,5 @@
-"""Document storage backends. Every backend passes ``tests/test_storage.py``.
+"""Document storage backends, with the leases that say which processes are alive. Every
+backend passes ``tests/storage/test_conformance.py`` (the contract: ``base.py``).
 
 ``open_store`` turns the ``store=`` string a ``Runtime`` takes into a backend, so options a
 deployment needs (how long to wait for a shared SQLite file) fit in that one string.
@@ -9,11 +10,21 @@ from __future__ import annotations
 from urllib.parse import parse_qsl
 
 from ..errors import StorageError, StoreBusyError, StoreClosedError, StoreConfigError
-from .base import ConflictError, DocKey, Store, Stored, Write
+from .base import (
+    LEASE_HOLDER_MAX,
+    LEASE_TTL_MAX,
+    ConflictError,
+    DocKey,
+    Store,
+    Stored,
+    Write,
+)
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
 __all__ = [
+    "LEASE_HOLDER_MAX",
+    "LEASE_TTL_MAX",
     "ConflictError",
     "DocKey",
     "MemoryStore",
@@ -28,6 +39,7 @@ __all__ = [
 ]
 
 _SQLITE_OPTIONS = ("busy_timeout",)
+_PORT = ("load", "commit", "keys", "renew_lease", "lease_remaining", "release_lease", "close")
 
 
 def open_store(spec: str | Store) -> Store:
@@ -37,8 +49,14 @@ def open_store(spec: str | Store) -> Store:
     to 30 s for a database another process has locked (default 5 s, see ``SQLiteStore``).
     """
     if not isinstance(spec, str):
-        if all(callable(getattr(spec, m, None)) for m in ("load", "commit", "keys", "close")):
+        missing = [m for m in _PORT if not callable(getattr(spec, m, None))]
+        if not missing:
             return spec
+        if len(missing) < len(_PORT):  # meant as a store: say what it lacks
+            raise StoreConfigError(
+                f"{type(spec).__name__} is not a Store: it lacks {', '.join(missing)} "
+                f"(the port, runtime.storage.base.Store, has {', '.join(_PORT)})"
+            )
         raise StoreConfigError(
             f"store must be 'memory', 'sqlite:///path/to/file.db' or a Store, "
             f"got {type(spec).__name__} {spec!r}"

@@ -5,20 +5,33 @@ the runtime changes its own copy in place after a commit and must not reach ours
 is applied in place to the kept value (only its assigned values are copied), so a push to
 a long list costs the same as to a short one; a commit that fails part-way undoes the
 steps it took, so nothing of it is applied.
+
+Leases live in the store object, on this process's ``time.monotonic()``: a memory store is
+the process itself, so its leases say which runtimes of the process are alive (two runtimes
+on one store are two holders). They go with the store at ``close()``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import StoreClosedError
-from .base import DocKey, Stored, Write
+from .base import (
+    LEASE_COLLECT_AFTER,
+    DocKey,
+    Stored,
+    Write,
+    check_lease_holder,
+    check_lease_ttl,
+)
 from .patch import MISSING, apply_patch, conflict, copy_value
 
 
 class MemoryStore:
     def __init__(self) -> None:
         self._docs: dict[DocKey, Stored] = {}
+        self._leases: dict[str, float] = {}  # holder -> expiry, on time.monotonic()
         self._closed = False
 
     def _check_open(self, what: str) -> None:
@@ -62,9 +75,37 @@ class MemoryStore:
         self._check_open("keys()")
         return [k for k in self._docs if k.space == space]
 
+    # -- leases (the contract: runtime.storage.base) -----------------------------------
+
+    def renew_lease(self, holder: str, ttl: float) -> bool:
+        self._check_open("renew_lease()")
+        check_lease_holder(holder, "renew_lease()")
+        check_lease_ttl(ttl, "renew_lease()")
+        now = time.monotonic()
+        expires = self._leases.get(holder)
+        if expires is not None and expires <= now:
+            return False  # lost: an expired lease is never revived
+        self._leases[holder] = now + ttl
+        return True
+
+    def lease_remaining(self, holder: str) -> float | None:
+        self._check_open("lease_remaining()")
+        check_lease_holder(holder, "lease_remaining()")
+        expires = self._leases.get(holder)
+        return None if expires is None else expires - time.monotonic()
+
+    def release_lease(self, holder: str) -> None:
+        self._check_open("release_lease()")
+        check_lease_holder(holder, "release_lease()")
+        self._leases.pop(holder, None)
+        horizon = time.monotonic() - LEASE_COLLECT_AFTER  # and forget long-dead ones
+        for old in [h for h, expires in self._leases.items() if expires < horizon]:
+            del self._leases[old]
+
     def close(self) -> None:
         self._closed = True
         self._docs = {}
+        self._leases = {}
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._docs)} documents"

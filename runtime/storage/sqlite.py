@@ -18,8 +18,19 @@ that item (and two small rows), never the list; when the log grows larger than t
 is compacted (the base rewritten at the current version, the log deleted), which keeps
 writes amortised O(size of the change) and a load at most twice the document's size. To
 check a patch's paths without reading the document back, the store keeps the current value
-of documents it patched (by version; one another writer changed is read again). A file from
-before the log (only ``docs``) opens as it is: the missing tables are created.
+of documents it patched (by version; one another writer changed is read again).
+
+``leases`` has one row per lease (the contract: ``runtime.storage.base``): its holder and
+its expiry in seconds of ``time.time()``, the host's clock, which every process sharing the
+file reads (a SQLite file is shared by the processes of one host, never across hosts). A
+renewal is one statement, an upsert whose update applies only while the row has not
+expired; its row count says which happened. Rows that expired an hour ago are deleted by
+the next release. A renewal by another process counts as a commit to the file for the
+check that lets a commit skip reading heads (``PRAGMA data_version``): with leases renewed
+every few seconds, a commit then reads its documents' heads once per renewal, not per commit.
+
+A file from before the log (only ``docs``) or the leases opens as it is: the missing tables
+are created.
 """
 
 from __future__ import annotations
@@ -34,7 +45,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import StorageError, StoreBusyError, StoreClosedError, StoreConfigError
-from .base import DocKey, Stored, Write
+from .base import (
+    LEASE_COLLECT_AFTER,
+    DocKey,
+    Stored,
+    Write,
+    check_lease_holder,
+    check_lease_ttl,
+)
 from .patch import MISSING, apply_patch, conflict, describe
 
 T = TypeVar("T")
@@ -77,7 +95,19 @@ CREATE TABLE IF NOT EXISTS patches (
     PRIMARY KEY (space, scope, id, version)
 ) WITHOUT ROWID
 """
-_TABLES = {"docs": _DOCS, "heads": _HEADS, "patches": _PATCHES}
+_LEASES = """
+CREATE TABLE IF NOT EXISTS leases (
+    holder  TEXT PRIMARY KEY,
+    expires REAL NOT NULL
+) WITHOUT ROWID
+"""
+_TABLES = {"docs": _DOCS, "heads": _HEADS, "patches": _PATCHES, "leases": _LEASES}
+# create (row count 1), extend an unexpired lease (1), or leave an expired one (0): one
+# atomic statement, so two processes renewing and judging one lease never interleave
+_RENEW = (
+    "INSERT INTO leases (holder, expires) VALUES (?, ?) ON CONFLICT (holder) DO UPDATE "
+    "SET expires=excluded.expires WHERE leases.expires > ?"
+)
 _WHERE = "space=? AND scope=? AND id=?"
 _BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (low byte of the extended code)
 
@@ -167,6 +197,34 @@ class SQLiteStore:
             return [DocKey(*r) for r in rows]
 
         return self._run("keys()", read)
+
+    def renew_lease(self, holder: str, ttl: float) -> bool:
+        db = self._open_db("renew_lease()")
+        check_lease_holder(holder, "renew_lease()")
+        check_lease_ttl(ttl, "renew_lease()")
+
+        def renew() -> bool:
+            now = time.time()  # read again on each try: a wait for the lock takes time
+            return db.execute(_RENEW, (holder, now + ttl, now)).rowcount == 1
+
+        return self._run("renew_lease()", renew)
+
+    def lease_remaining(self, holder: str) -> float | None:
+        db = self._open_db("lease_remaining()")
+        check_lease_holder(holder, "lease_remaining()")
+
+        def read() -> float | None:
+            row = db.execute("SELECT expires FROM leases WHERE holder=?", (holder,)).fetchone()
+            return None if row is None else row[0] - time.time()
+
+        return self._run("lease_remaining()", read)
+
+    def release_lease(self, holder: str) -> None:
+        db = self._open_db("release_lease()")
+        check_lease_holder(holder, "release_lease()")
+        self._run("release_lease()", lambda: db.execute(
+            "DELETE FROM leases WHERE holder=? OR expires<?",  # and long-dead ones
+            (holder, time.time() - LEASE_COLLECT_AFTER)))
 
     def close(self) -> None:
         db, self._db = self._db, None

@@ -2,15 +2,24 @@
 
 Each backend is an entry in ``BACKENDS``: a function that opens (or reopens) the store kept
 under a directory. A new backend (PostgreSQL) is one more entry; a backend whose data
-outlives ``close()`` is also listed in ``DURABLE`` and gets the reopen tests. What only one
-backend has (SQLite's patch log, its locking) is tested at the end, by name.
+outlives ``close()`` is also listed in ``DURABLE`` and gets the reopen tests (and, opened
+twice at once, the tests of two stores sharing one database). What only one backend has
+(SQLite's patch log, its locking, its processes) is tested at the end, by name.
+
+Leases are timed for real: short TTLs, and every wait is the time ``lease_remaining``
+reported (``wait_out``), so no test guesses how long something takes.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import queue
 import random
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +30,7 @@ import pytest
 
 import runtime.errors
 from runtime import MemoryStore, Runtime, SQLiteStore, Store, cell, handler, pattern
+from runtime.errors import StoreConfigError
 from runtime.storage import (
     ConflictError,
     DocKey,
@@ -31,6 +41,7 @@ from runtime.storage import (
     Write,
     open_store,
 )
+from runtime.storage.base import LEASE_COLLECT_AFTER, LEASE_HOLDER_MAX, LEASE_TTL_MAX
 
 Opener = Callable[[Path], Store]
 
@@ -375,6 +386,24 @@ def test_open_store_passes_a_store_through(store: Store) -> None:
     assert open_store(store) is store
 
 
+class _DocumentsOnly:
+    """A store from before leases: documents, no leases."""
+
+    def load(self, key: DocKey) -> None: ...
+    def commit(self, writes: Any) -> dict[DocKey, int]: return {}
+    def keys(self, space: str) -> list[DocKey]: return []
+    def close(self) -> None: ...
+
+
+def test_open_store_names_what_a_store_lacks() -> None:
+    with pytest.raises(StoreConfigError) as info:
+        open_store(_DocumentsOnly())  # type: ignore[arg-type]
+    message = str(info.value)
+    for words in ("_DocumentsOnly is not a Store", "lacks renew_lease, lease_remaining, "
+                  "release_lease", "runtime.storage.base.Store"):
+        assert words in message, (words, message)
+
+
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
@@ -639,6 +668,175 @@ def test_reopen_replays_the_patches(reopen: Callable[[], Store]) -> None:
         s.close()
 
 
+# ------------------------------------------------------------------------------- leases
+
+
+def wait_out(store: Store, holder: str, bound: float = 10.0) -> float:
+    """Sleep until ``store`` says ``holder``'s lease has expired, each time for as long as
+    it says is left; return the (zero or negative) time left then."""
+    give_up = time.monotonic() + bound
+    while True:
+        left = store.lease_remaining(holder)
+        assert left is not None, f"the lease of {holder!r} vanished before it expired"
+        if left <= 0:
+            return left
+        assert time.monotonic() < give_up, f"the lease of {holder!r} never expired ({left} s)"
+        time.sleep(left)
+
+
+def test_a_lease_is_taken_extended_and_released(store: Store) -> None:
+    assert store.lease_remaining("proc-1") is None  # never taken
+    assert store.renew_lease("proc-1", 30) is True
+    left = store.lease_remaining("proc-1")
+    assert left is not None and 29 < left <= 30
+    assert store.renew_lease("proc-1", 60) is True  # extended to now + ttl
+    left = store.lease_remaining("proc-1")
+    assert left is not None and 59 < left <= 60
+    assert store.renew_lease("proc-1", 5) is True  # a shorter ttl shortens it
+    left = store.lease_remaining("proc-1")
+    assert left is not None and 4 < left <= 5
+    store.release_lease("proc-1")
+    assert store.lease_remaining("proc-1") is None
+    store.release_lease("proc-1")  # released twice, or never taken: nothing happens
+    store.release_lease("never-taken")
+    assert store.renew_lease("proc-1", 30) is True  # a released lease is absent: taken anew
+
+
+def test_a_lease_expires_after_its_ttl_not_before(store: Store) -> None:
+    started = time.monotonic()
+    assert store.renew_lease("short", 0.2) is True
+    left = store.lease_remaining("short")
+    assert left is not None and 0 < left <= 0.2
+    assert wait_out(store, "short") <= 0
+    assert time.monotonic() - started >= 0.2 * 0.95  # it lasted its ttl (clocks differ a hair)
+    left = store.lease_remaining("short")
+    assert left is not None and left <= 0  # expired, and still known as expired
+
+
+def test_an_expired_lease_is_lost_not_revived(store: Store) -> None:
+    assert store.renew_lease("lost", 0.2) is True
+    before = wait_out(store, "lost")
+    assert store.renew_lease("lost", 30) is False
+    assert store.renew_lease("lost", 30) is False  # and stays lost
+    after = store.lease_remaining("lost")
+    assert after is not None and after <= before <= 0  # not extended: it only ages
+
+
+def test_holders_are_independent(store: Store) -> None:
+    assert store.renew_lease("one", 0.2) and store.renew_lease("two", 30)
+    wait_out(store, "one")
+    assert store.renew_lease("one", 30) is False
+    assert store.renew_lease("two", 30) is True  # one's loss is not two's
+    store.release_lease("two")
+    assert store.lease_remaining("two") is None
+    left = store.lease_remaining("one")
+    assert left is not None and left <= 0  # releasing two left one as it was
+    assert store.renew_lease("three", 30)
+    store.release_lease("one")
+    left = store.lease_remaining("three")
+    assert left is not None and left > 29
+
+
+def test_every_allowed_holder_character_and_the_longest_holder_work(store: Store) -> None:
+    for holder in ("A-Za-z0-9_.", "x" * LEASE_HOLDER_MAX, "0", "3f2a" * 8):
+        assert store.renew_lease(holder, LEASE_TTL_MAX) is True
+        left = store.lease_remaining(holder)
+        assert left is not None and left > LEASE_TTL_MAX - 1
+        store.release_lease(holder)
+        assert store.lease_remaining(holder) is None
+
+
+BAD_HOLDERS: dict[str, tuple[Any, str]] = {
+    "empty": ("", "empty string"),
+    "slash": ("space/proc", "'/' (at index 5)"),
+    "colon": ("host:1234", "':' (at index 4)"),
+    "space": ("my proc", "' ' (at index 2)"),
+    "newline": ("proc\n", "'\\n' (at index 4)"),
+    "nul": ("proc\x00x", "'\\x00' (at index 4)"),
+    "non-ascii": ("café", "'é' (at index 3)"),
+    "too long": ("x" * (LEASE_HOLDER_MAX + 1), f"{LEASE_HOLDER_MAX + 1} characters"),
+    "1 MB": ("x" * 1_000_000, "1000000 characters"),
+    "None": (None, "NoneType"),
+    "int": (7, "int 7"),
+    "bytes": (b"proc", "bytes"),
+}
+LEASE_CALLS: dict[str, Callable[[Store, Any], Any]] = {
+    "renew_lease": lambda s, holder: s.renew_lease(holder, 30),
+    "lease_remaining": lambda s, holder: s.lease_remaining(holder),
+    "release_lease": lambda s, holder: s.release_lease(holder),
+}
+
+
+@pytest.mark.parametrize("call", sorted(LEASE_CALLS))
+@pytest.mark.parametrize("bad", sorted(BAD_HOLDERS))
+def test_a_bad_holder_is_refused_naming_what_is_wrong(store: Store, call: str,
+                                                      bad: str) -> None:
+    holder, words = BAD_HOLDERS[bad]
+    with pytest.raises(StoreConfigError) as info:
+        LEASE_CALLS[call](store, holder)
+    message = str(info.value)
+    for expected in (f"{call}()", "lease holder", "A-Z a-z 0-9 - _ .", words):
+        assert expected in message, (expected, message)
+    assert len(message) < 400  # a megabyte of input is not quoted back
+
+
+BAD_TTLS: dict[str, tuple[Any, str]] = {
+    "zero": (0, "int 0"),
+    "negative": (-1.5, "float -1.5"),
+    "nan": (math.nan, "float nan"),
+    "inf": (math.inf, "float inf"),
+    "over the cap": (LEASE_TTL_MAX + 1, "3601"),
+    "huge": (1e300, "1e+300"),
+    "a bool": (True, "bool True"),
+    "a string": ("5", "str '5'"),
+    "None": (None, "NoneType"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_TTLS))
+def test_a_bad_ttl_is_refused_before_anything_is_written(store: Store, bad: str) -> None:
+    ttl, words = BAD_TTLS[bad]
+    with pytest.raises(StoreConfigError) as info:
+        store.renew_lease("proc-1", ttl)
+    message = str(info.value)
+    for expected in ("renew_lease()", "ttl", "> 0", f"<= {LEASE_TTL_MAX:g}", words):
+        assert expected in message, (expected, message)
+    assert store.lease_remaining("proc-1") is None
+
+
+def test_two_stores_on_one_database_share_its_leases(reopen: Callable[[], Store]) -> None:
+    one, two = reopen(), reopen()
+    try:
+        assert one.renew_lease("proc-a", 30) is True
+        left = two.lease_remaining("proc-a")
+        assert left is not None and 29 < left <= 30
+        assert two.renew_lease("proc-a", 60) is True  # a lease is its holder's, not a store's
+        left = one.lease_remaining("proc-a")
+        assert left is not None and left > 59
+        assert two.renew_lease("short", 0.2) is True
+        wait_out(one, "short")
+        assert one.renew_lease("short", 30) is False and two.renew_lease("short", 30) is False
+        one.release_lease("proc-a")
+        assert two.lease_remaining("proc-a") is None
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_lease_outlives_the_store_that_took_it(reopen: Callable[[], Store]) -> None:
+    """A process that dies without releasing leaves its lease to expire: closing (or losing)
+    the store object is not a release."""
+    first = reopen()
+    assert first.renew_lease("crashed", 30) is True
+    first.close()
+    again = reopen()
+    try:
+        left = again.lease_remaining("crashed")
+        assert left is not None and 28 < left <= 30
+    finally:
+        again.close()
+
+
 # ------------------------------------------------------------------------------ closing
 
 
@@ -646,7 +844,10 @@ def test_a_closed_store_refuses_every_call(store: Store) -> None:
     store.commit([Write(A, 1)])
     store.close()
     for call in (lambda: store.load(A), lambda: store.commit([Write(A, 2)]),
-                 lambda: store.commit([]), lambda: store.keys("space-a")):
+                 lambda: store.commit([]), lambda: store.keys("space-a"),
+                 lambda: store.renew_lease("proc-1", 30),
+                 lambda: store.lease_remaining("proc-1"),
+                 lambda: store.release_lease("proc-1")):
         with pytest.raises(StoreClosedError, match=r"after close\(\)|closed"):
             call()
     store.close()  # twice is fine
@@ -921,3 +1122,195 @@ def test_two_connections_alternating_patches_see_each_others_versions(tmp_path: 
     finally:
         a.close()
         b.close()
+
+
+# -------------------------------------------------------------------- SQLite: leases
+
+
+def test_sqlite_leases_are_rows_on_the_hosts_clock(tmp_path: Path) -> None:
+    """The expiry is ``time.time()`` + ttl: the clock every process on the host reads."""
+    path = tmp_path / "leases.db"
+    s = SQLiteStore(path)
+    try:
+        before = time.time()
+        s.renew_lease("proc-1", 30)
+        ((holder, expires),) = _raw(path, "SELECT holder, expires FROM leases")
+        assert holder == "proc-1" and before + 30 <= expires <= time.time() + 30
+        s.commit([Write(A, 1)])  # commits never touch a lease
+        assert _raw(path, "SELECT holder, expires FROM leases") == [(holder, expires)]
+    finally:
+        s.close()
+
+
+def test_sqlite_reading_a_lease_writes_nothing(tmp_path: Path) -> None:
+    """Another connection's ``data_version`` changes with every commit to the file: lease
+    reads leave it as it is, a renewal and a release change it."""
+    path = tmp_path / "quiet.db"
+    s = SQLiteStore(path)
+    watcher = sqlite3.connect(path, isolation_level=None)
+    try:
+        def version() -> int:
+            return watcher.execute("PRAGMA data_version").fetchone()[0]
+
+        s.renew_lease("proc-1", 30)
+        start = version()
+        for _ in range(5):
+            assert s.lease_remaining("proc-1") is not None
+            assert s.lease_remaining("other") is None
+        assert version() == start
+        s.renew_lease("proc-1", 30)
+        assert version() != start
+        renewed = version()
+        s.release_lease("proc-1")
+        assert version() != renewed
+    finally:
+        watcher.close()
+        s.close()
+
+
+def test_sqlite_a_file_without_the_leases_table_gets_it(tmp_path: Path) -> None:
+    path = tmp_path / "before-leases.db"
+    s = SQLiteStore(path)
+    s.commit([Write(A, {"items": ["milk"]})])
+    s.commit([push(A, 1, ("items", 1), "eggs")])
+    s.close()
+    _raw(path, "DROP TABLE leases")  # a file written before leases existed
+    assert _raw(path, "SELECT name FROM sqlite_master WHERE name='leases'") == []
+    s = SQLiteStore(path)
+    try:
+        assert s.lease_remaining("proc-1") is None
+        assert s.renew_lease("proc-1", 30) is True
+        assert s.load(A) == Stored({"items": ["milk", "eggs"]}, 2)
+    finally:
+        s.close()
+
+
+def test_sqlite_a_file_from_before_the_log_gets_leases_too(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.execute(_OLD_SCHEMA)
+    db.commit()
+    db.close()
+    s = SQLiteStore(path)
+    try:
+        assert s.renew_lease("proc-1", 30) is True
+        left = s.lease_remaining("proc-1")
+        assert left is not None and left > 29
+    finally:
+        s.close()
+
+
+def test_sqlite_a_renewal_waits_for_a_locked_file_then_raises_store_busy(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "locked.db"
+    s = SQLiteStore(path, busy_timeout=0.2)
+    try:
+        assert s.renew_lease("proc-1", 30) is True
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        try:
+            for call, what in ((lambda: s.renew_lease("proc-1", 30), "renew_lease()"),
+                               (lambda: s.release_lease("proc-1"), "release_lease()")):
+                with pytest.raises(StoreBusyError) as info:
+                    call()
+                assert what in str(info.value) and "0.2 s" in str(info.value)
+            left = s.lease_remaining("proc-1")  # a read does not wait for a writer
+            assert left is not None and left > 29
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert s.renew_lease("proc-1", 30) is True
+    finally:
+        s.close()
+
+
+def test_sqlite_a_release_collects_long_expired_leases(tmp_path: Path) -> None:
+    path = tmp_path / "old-leases.db"
+    s = SQLiteStore(path)
+    try:
+        now = time.time()
+        db = sqlite3.connect(path)
+        db.executemany("INSERT INTO leases (holder, expires) VALUES (?, ?)", [
+            ("long-dead", now - LEASE_COLLECT_AFTER - 60),
+            ("just-expired", now - 1),
+        ])
+        db.commit()
+        db.close()
+        s.renew_lease("live", 30)
+        s.release_lease("someone-else")  # any release collects
+        assert s.lease_remaining("long-dead") is None
+        left = s.lease_remaining("just-expired")
+        assert left is not None and left <= 0  # kept: renewing it must still say lost
+        assert s.renew_lease("just-expired", 30) is False
+        assert s.renew_lease("live", 30) is True
+    finally:
+        s.close()
+
+
+_LEASE_CHILD = """
+import sys, time
+from runtime.storage import SQLiteStore
+
+path, holder, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
+store = SQLiteStore(path)
+while True:  # a live process: it renews well before each deadline, until it is killed
+    assert store.renew_lease(holder, ttl), "the child's lease was lost"
+    print(store.lease_remaining(holder), flush=True)
+    time.sleep(ttl / 4)
+"""
+
+
+def _lines(proc: subprocess.Popen[str]) -> queue.Queue[str]:
+    """The child's stdout lines, read in a thread, so every wait for one has a timeout."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def test_sqlite_a_killed_processs_lease_expires_within_its_ttl(tmp_path: Path) -> None:
+    """A real second process takes a lease and renews it; while it lives, the lease outlasts
+    its first TTL; after SIGKILL nobody renews it and it expires within the TTL."""
+    path, ttl = tmp_path / "two-processes.db", 1.0
+    store = SQLiteStore(path)  # the file and its tables exist before the child opens it
+    proc = subprocess.Popen([sys.executable, "-c", _LEASE_CHILD, str(path), "child", str(ttl)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = _lines(proc)
+        try:
+            lines.get(timeout=30)  # the child holds the lease
+        except queue.Empty:
+            pytest.fail(f"the child never took its lease: {proc.stderr and proc.stderr.read()}")
+        taken = time.monotonic()
+        first = store.lease_remaining("child")
+        assert first is not None and 0 < first <= ttl
+        # wait out the first lease's deadline: the child's renewals pushed it back
+        time.sleep(first)
+        while time.monotonic() - taken < ttl:  # the clocks differ a hair: past it for sure
+            time.sleep(ttl - (time.monotonic() - taken))
+        left = store.lease_remaining("child")
+        assert left is not None and left > 0, "the live child's lease was not renewed"
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        killed = time.monotonic()
+        assert proc.returncode == -signal.SIGKILL
+        left = store.lease_remaining("child")
+        assert left is not None and left <= ttl  # nobody can have renewed it since
+        assert wait_out(store, "child") <= 0
+        assert time.monotonic() - killed <= ttl + 0.5  # expired within the ttl (+ scheduling)
+        assert store.renew_lease("child", ttl) is False  # lost: a new holder must start over
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        store.close()
