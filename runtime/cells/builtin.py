@@ -95,6 +95,5 @@ class BuiltinNode:
 def _narrowest(inputs: Iterable[Cell | Stream]) -> Scope:
     scope = SHARED
     for x in inputs:
-        key = x.scope if isinstance(x, Cell) else x._key.scope
-        scope = scope.narrowest(Scope.parse(key))
+        scope = scope.narrowest(Scope.parse(x.scope))
     return scope

@@ -10,10 +10,11 @@ from .._text import describe_surrogate, has_surrogate
 from ..errors import LinkError, NotJSONError, PathError, UsageError, WriteInComputationError
 from ..storage import DocKey
 from . import signals
-from .documents import Documents, Transaction, TxState, _missing, make_link, parse_link
+from .documents import Documents, Transaction, TxState, _missing
 from .equality import same
 from .jsonpath import MISSING, Path, check_json, copy_json, is_link, pointer
-from .schema import asks_for_link, subschema
+from .links import check_written, make_link, parse_link
+from .schema import subschema
 
 if TYPE_CHECKING:
     from reactivex import Observable
@@ -84,7 +85,15 @@ class Cell:
 
     @property
     def scope(self) -> str:
+        """The scope key of the document the cell points into (``""`` when shared)."""
         return self._key.scope
+
+    @property
+    def doc_key(self) -> DocKey:
+        """The document the cell points into, before any link on its path is followed
+        (``resolve().doc_key`` is where the value really is). Not ``key``: ``key(...)``
+        is the cell one level down."""
+        return self._key
 
     def key(self, *tokens: str | int) -> Cell:
         """The cell one or more levels down: ``todo.key("items", 0)`` (object keys are
@@ -300,36 +309,20 @@ class Cell:
 def accept_json(docs: Documents, value: Any, where: Callable[[], str], key: DocKey,
                 path: Path, schema: dict[str, Any] | None) -> Any:
     """``value`` as plain JSON to sit at ``path`` of document ``key`` (whose schema is
-    ``schema``). Links in the data itself (not made from a Cell) are refused unless the
-    schema there asks for a link (``{"asCell": true}``). Every link must be followable from
-    where it lands (its scope reachable, its target there, no cycle) and must not point into
-    itself."""
+    ``schema``), its links admitted by the one policy (``links.check_written``: links in
+    the data only where the schema asks for one, every link followable and not into
+    itself)."""
     links: list[Path] = []
     made: list[Path] = []
     value = check_json(value, where, depth=len(path), links=links, made=made)
-    if not links and not made:
-        return value
-    for at in links:
-        if not asks_for_link(subschema(schema, (*path, *at))):
-            raise LinkError(
-                f"{where()}{pointer(at)} is a link {_at(value, at)!r}, and links in data are "
-                "refused where the schema does not ask for one: pass the Cell itself "
-                "(cell.set(other_cell)) or give the schema {'asCell': true} there"
-            )
-    for at in (*links, *made):
-        link = _at(value, at)
-        full = (*path, *at)
-        target, tpath = parse_link(link, key)
-        if target == key and tpath[: len(full)] == full:
-            raise LinkError(f"{where()}{pointer(at)} links into itself: {link!r}")
-        docs.resolve(target, tpath)  # it must lead somewhere, without a cycle
+    if links or made:
+        check_written(docs, value, where, key, path, schema, links, made)
     return value
 
 
-def _at(value: Any, path: Path) -> Any:
-    for t in path:
-        value = value[t]
-    return value
+STREAM_MARKER: dict[str, Any] = {"$stream": True}
+"""What a stream's own document holds (read-only): the mark that the document is a stream,
+whose events go to a handler, not a value. Compare with it; never mutate it."""
 
 
 class Stream:
@@ -351,6 +344,17 @@ class Stream:
     @property
     def id(self) -> str:
         return self._key.id
+
+    @property
+    def key(self) -> DocKey:
+        """The stream's document (what ``Runtime.stream_at`` finds it by)."""
+        return self._key
+
+    @property
+    def scope(self) -> str:
+        """The scope key of the stream's document: where links in its events resolve, and
+        what they may reach."""
+        return self._key.scope
 
     def send(self, event: Any) -> None:
         """Queue ``event`` (processed at the next ``await rt.idle()`` / ``send`` / turn)."""

@@ -48,12 +48,11 @@ from .jsonpath import (
     assign_in_place,
     copy_json,
     is_link,
-    parse_pointer,
     pointer,
     step,
 )
+from .links import check_assembled, make_link, parse_link
 from .schema import CompiledSchema, compile_schema
-from .scope import Scope
 
 if TYPE_CHECKING:
     from .cell import Stream
@@ -357,47 +356,6 @@ class Documents:
         return value
 
 
-def parse_link(link: dict[str, Any], base: DocKey) -> tuple[DocKey, Path]:
-    """``{"@link": "/<id>/<path>", "scope": "user:alice"?}`` -> (document key, path).
-
-    A link may point only into its own space, at a scope the document holding it may
-    reach (``Scope.reachable``): never into another user's or session's documents.
-    """
-    try:
-        tokens = parse_pointer(link["@link"])
-    except ValueError:
-        tokens = ()
-    if not tokens or not tokens[0]:
-        raise LinkError(f"malformed link {_short(link)}: expected {{'@link': '/<id>/<path>'}}")
-    scope = link.get("scope", "")
-    if not isinstance(scope, str) or scope not in _reachable(base.scope):
-        raise LinkError(
-            f"link to /{tokens[0]} refused: its scope {_short(scope)} is not reachable from "
-            f"{'shared documents' if not base.scope else base.scope} (links may not cross "
-            "into another user's or session's documents)"
-        )
-    return DocKey(base.space, scope, str(tokens[0])), tokens[1:]
-
-
-def _reachable(scope_key: str) -> tuple[str, ...]:
-    try:
-        return Scope.parse(scope_key).reachable
-    except LinkError:
-        return ("",)
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def make_link(key: DocKey, path: Path) -> dict[str, Any]:
-    link: dict[str, Any] = {"@link": f"/{key.id}{pointer(path)}"}
-    if key.scope:
-        link["scope"] = key.scope
-    return link
-
-
 def _missing(key: DocKey, path: Path, parent: Any) -> str:
     where = f"/{key.id}{pointer(path)}"
     if type(parent) is dict:
@@ -539,7 +497,7 @@ class Transaction:
         path = tuple(steps)
         before = step(parent, path[-1]) if path else root
         if path and type(parent) is dict and path[-1] in (LINK, "scope"):
-            _refuse_assembled_link(doc, path, parent, value)
+            check_assembled(key, doc.schema, doc.describe(), path, parent, value)
         if before is not MISSING and doc.version == pending.base and same(before, value):
             return  # writing what is there changes nothing (and nobody changed it since)
         if pending.ops:
@@ -662,26 +620,6 @@ def _index(parent: Any, token: str | int) -> str | int | None:
         if type(token) is int and 0 <= token <= len(parent):
             return token
     return None
-
-
-def _refuse_assembled_link(doc: Doc, path: Path, parent: dict[str, Any], value: Any) -> None:
-    """Writing ``"@link"`` (or ``"scope"``) into an object can turn it into a link one key
-    at a time; that is a link written from data, refused where no schema asks for one."""
-    candidate = {**parent, str(path[-1]): value}
-    if not is_link(candidate):
-        return
-    from .schema import asks_for_link, subschema
-
-    if not asks_for_link(subschema(doc.schema, path[:-1])):
-        raise LinkError(
-            f"writing {pointer(path)} of {doc.describe()} would turn the object there into a "
-            "link, and links in data are refused where the schema does not ask for one: "
-            "write a Cell at the parent (parent.set(other_cell)) or give the schema "
-            "{'asCell': true} there"
-        )
-    target, tpath = parse_link(candidate, doc.key)
-    if target == doc.key and tpath[: len(path) - 1] == path[:-1]:
-        raise LinkError(f"{pointer(path[:-1])} of {doc.describe()} would link into itself")
 
 
 def _assign_owned(root: Any, path: Path, value: Any, owned: dict[int, Any]) -> Any:

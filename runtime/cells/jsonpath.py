@@ -210,20 +210,3 @@ def _check(value: Any, depth: int, links: list[Path] | None, at: Path,
         f"{where} is a {t.__name__}, which is not JSON; use dict, list, str, int, float, "
         "bool or None (or a pydantic model)"
     )
-
-
-def depth_of(value: Any) -> int:
-    """How many containers deep ``value`` nests (0 for a scalar), iteratively."""
-    best = 0
-    stack = [(value, 0)]
-    while stack:
-        v, d = stack.pop()
-        t = type(v)
-        if t is dict:
-            stack.extend((x, d + 1) for x in v.values())
-        elif t is list:
-            stack.extend((x, d + 1) for x in v)
-        else:
-            continue
-        best = max(best, d + 1)
-    return best

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from ..errors import BindingError, PatternError
 from ..storage import DocKey
-from .cell import Cell, Stream
+from .cell import STREAM_MARKER, Cell, Stream
 from .ids import derive
 from .jsonpath import check_json
 from .schema import SchemaLike, to_json_schema
@@ -195,7 +195,7 @@ class Handler:
 
     def bind_in(self, b: Builder, key: DocKey, bindings: dict[str, Any], name: str) -> Stream:
         """The stream of this handler at ``key`` (a pattern's, or a builtin node's)."""
-        b.docs.declare(key, {"$stream": True}, None, label=name, overwrite=True,
+        b.docs.declare(key, dict(STREAM_MARKER), None, label=name, overwrite=True,
                        readonly="it is a stream: send events to it instead")
         stream = Stream(b.scheduler, key, self, dict(bindings), name)
         b.streams.append(stream)

@@ -8,7 +8,8 @@ instance it runs for with ``current_runtime()`` / ``current_instance()``.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+import warnings
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from enum import Enum
 from types import TracebackType
@@ -25,13 +26,11 @@ from .documents import Change, Documents, Transaction, current_transaction
 from .ids import canonical, derive
 from .jsonpath import MISSING, check_json
 from .pattern import Builder, Pattern, _builder
+from .registry import PATTERN_REF, Registry
 from .scheduler import MAX_CHAIN, Scheduler, running_stream
 from .scope import Scope
 
 __all__ = ["PATTERN_REF", "Instance", "Runtime", "current_instance", "current_runtime"]
-
-PATTERN_REF = "$pattern"
-"""How a pattern in an instance's result is stored: ``{"$pattern": <its key>}``."""
 
 
 def current_instance() -> Instance:
@@ -61,7 +60,7 @@ class _State(Enum):
 class Instance:
     """A running pattern: its ``result`` and ``argument`` cells and its streams."""
 
-    def __init__(self, rt: Runtime, pattern: Pattern, key: tuple[Any, ...], result: Cell,
+    def __init__(self, rt: Runtime, pattern: Pattern, ident: tuple[Any, ...], result: Cell,
                  argument: Cell, builder: Builder, streams: dict[str, Stream]) -> None:
         self.runtime = rt
         self.pattern = pattern
@@ -73,7 +72,8 @@ class Instance:
         self.user = builder.scope.user
         self.session = builder.scope.session
         self.cause = builder.cause_id
-        self._key = key
+        # what rt.run finds it by: (pattern key, cause id, space, scope key)
+        self.ident = ident
         self._builder = builder
         self._scopes: list[anyio.CancelScope] = []
         self.stopped = False
@@ -118,8 +118,8 @@ class Runtime:
         self._changed: anyio.Event | None = None  # made by a waiter, set by the next poke
         self._work: anyio.Event | None = None  # the pump's, while it waits for events
         self.scheduler = Scheduler(self.docs, wake=self._poke, max_chain=max_event_chain)
-        self._instances: dict[tuple[Any, ...], Instance] = {}
-        self._patterns: dict[str, Pattern] = {}  # patterns named in results ({"$pattern"})
+        self._running = Registry(self.docs)  # the instances, indexed by their documents
+        self._named: dict[str, Pattern] = {}  # only for the deprecated pattern_named
         self._tg: TaskGroup | None = None
         self._state = _State.NEW
         self._inflight = 0
@@ -149,7 +149,7 @@ class Runtime:
                         tb: TracebackType | None) -> bool | None:
         if et is None:
             self.scheduler.drain()  # a clean exit runs what was queued: nothing is lost
-        for inst in list(self._instances.values()):
+        for inst in self._running:
             self.stop(inst)
         tg, self._tg = self._tg, None
         try:
@@ -205,7 +205,7 @@ class Runtime:
             cause = check_json(cause, "cause")
         cause_id = derive("instance", pattern.key, canonical(args) if cause is None else cause)
         ident = (pattern.key, cause_id, space, scope.key)
-        running = self._instances.get(ident)
+        running = self._running.running(ident)
         if running is not None:
             return running
         builder = Builder(self.docs, self.scheduler, pattern.name, space, scope, cause_id)
@@ -221,7 +221,8 @@ class Runtime:
         finally:
             _builder.reset(token)
         streams: dict[str, Stream] = {}
-        value = _to_document(output, (), streams, self._patterns)
+        placed: dict[tuple[str, ...], Pattern] = {}
+        value = _to_document(output, (), streams, placed)
         res_key = DocKey(space, scope.key, derive(cause_id, "result"))
         self.docs.declare(
             res_key, value, None, f"{pattern.name} result", overwrite=True,
@@ -232,7 +233,8 @@ class Runtime:
                         streams)
         for stream in builder.streams:
             stream.owner = inst
-        self._instances[ident] = inst
+        self._running.add(inst, builder.streams, placed)
+        self._named.update((p.key, p) for p in placed.values())
         return inst
 
     def stop(self, instance: Instance) -> None:
@@ -252,7 +254,7 @@ class Runtime:
                 hook()
             except Exception as e:  # one node's teardown must not stop the others'
                 self.docs.report(e, f"stopping {instance!r}")
-        self._instances.pop(instance._key, None)
+        self._running.remove(instance, instance._builder.streams)
 
     # -- waiting ---------------------------------------------------------------------
 
@@ -348,9 +350,35 @@ class Runtime:
                 raise ClosedError(f"{what} after the runtime closed")
             raise ClosedError(f"{what} needs a running runtime: use `async with Runtime()`")
 
+    # -- what runs where (for builtins; see runtime/cells/registry.py) ----------------
+
+    def instance_of(self, key: DocKey) -> Instance | None:
+        """The running instance whose result or argument document is ``key``, or None (an
+        instance that stopped owns nothing). Other documents an instance declares (its
+        cells, a builtin node's state) may be shared by several instances, so they name no
+        single owner."""
+        return self._running.instance_of(key)
+
+    def stream_at(self, key: DocKey) -> Stream | None:
+        """The live stream whose document is ``key`` (a pattern's or a builtin node's), or
+        None when none is (its instance stopped, or it never ran in this process)."""
+        return self._running.stream_at(key)
+
+    def pattern_at(self, key: DocKey, path: Sequence[str | int]) -> Pattern | None:
+        """The pattern a running instance's output placed at ``path`` of its result document
+        ``key``, while the value there still names it; None anywhere else. A pattern
+        reference is a capability found by *where* it is: the same ``{"$pattern": ...}``
+        shape written by a handler or a model is data, and runs nothing. ``path`` is the
+        place itself, links already followed (as ``Documents.resolve`` returns it)."""
+        return self._running.pattern_at(key, path)
+
     def pattern_named(self, key: str) -> Pattern | None:
-        """A pattern some running instance put in its result (``{"$pattern": key}``)."""
-        return self._patterns.get(key)
+        """Deprecated: a name is not a capability (issue 14, defect 5); use ``pattern_at``.
+        Kept only until the builtins no longer call it."""
+        warnings.warn("Runtime.pattern_named is deprecated: look a pattern up by where it "
+                      "was placed, with Runtime.pattern_at(key, path)", DeprecationWarning,
+                      stacklevel=2)
+        return self._named.get(key)
 
     def deliver(self, stream: Stream, event: Any) -> None:
         """Run ``stream``'s handler on ``event`` now, inside this task's open transaction
@@ -374,31 +402,31 @@ class Runtime:
         return writing(self.docs)
 
     def __repr__(self) -> str:
-        return f"Runtime({self.store!r}, {len(self._instances)} instances)"
+        return f"Runtime({self.store!r}, {len(self._running)} instances)"
 
 
 def _to_document(value: Any, path: tuple[str, ...], streams: dict[str, Stream],
-                 patterns: dict[str, Pattern]) -> Any:
+                 placed: dict[tuple[str, ...], Pattern]) -> Any:
     """A pattern's output as a document: cells become links, streams links to their
     stream documents (and are collected by dotted name), patterns ``{"$pattern": key}``
-    (known to the runtime by key, so a dialog's ``invoke`` can run them)."""
+    (collected in ``placed`` by their path, the capability ``Runtime.pattern_at`` checks)."""
     if isinstance(value, Cell):
         return value.link()
     if isinstance(value, Stream):
         streams[".".join(path)] = value
         return value.link()
     if isinstance(value, Pattern):
-        patterns[value.key] = value
+        placed[path] = value
         return {PATTERN_REF: value.key}
     if isinstance(value, dict):
         for k in value:
             if type(k) is str and has_surrogate(k):
                 raise NotJSONError(describe_surrogate(k, f"a key of pattern output at /"
                                                          f"{'/'.join(path)}"))
-        return {str(k): _to_document(v, (*path, str(k)), streams, patterns)
+        return {str(k): _to_document(v, (*path, str(k)), streams, placed)
                 for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_to_document(v, (*path, str(i)), streams, patterns)
+        return [_to_document(v, (*path, str(i)), streams, placed)
                 for i, v in enumerate(value)]
     if value is MISSING:
         return None

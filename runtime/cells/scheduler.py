@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 from ..errors import (
     ConflictError,
     CycleError,
-    LinkError,
     PatternError,
     StreamError,
     UsageError,
 )
 from ..storage import DocKey
 from . import signals
-from .documents import Documents, Transaction, TxState, current_transaction, parse_link
-from .jsonpath import Path, check_json, copy_json, is_link, pointer
+from .documents import Documents, Transaction, TxState, current_transaction
+from .jsonpath import Path, check_json, copy_json, is_link
+from .links import check_event, parse_link
 from .schema import asks_for_link, subschema, validate
 
 if TYPE_CHECKING:
@@ -108,13 +108,8 @@ class Scheduler:
         links: list[Path] = []
         payload = check_json(payload, lambda: f"event for {stream.name}", links=links)
         schema = stream.handler.event_schema
-        for at in links:  # links from outside arrive only where the schema asks for one
-            if not asks_for_link(subschema(schema, at)):
-                raise LinkError(
-                    f"event for {stream.name}{pointer(at)} is a link, and events may carry "
-                    "links only where the handler's event schema asks for one "
-                    "({'asCell': true}); send the data itself"
-                )
+        if links:  # links from outside arrive only where the schema asks for one
+            check_event(links, schema, stream.name)
         if schema is not None:  # the sender hears of a bad event now
             validate(payload, schema, lambda: f"event for {stream.name}")
         return payload
@@ -193,7 +188,7 @@ def _call(stream: Stream, payload: Any, tx: Transaction) -> None:
     if handler.event_model is not None:
         event = handler.event_model.model_validate(event)
     elif _asks_for_cells(handler.event_schema):
-        event = _live(event, handler.event_schema, tx.docs, stream._key)
+        event = _live(event, handler.event_schema, tx.docs, stream.key)
     with tx.bound(), signals.untracked():
         returned = handler.fn(event, **stream.bindings)
     if inspect.isawaitable(returned):
