@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 from .._text import describe_surrogate, has_surrogate, scrub
-from ..cells.jsonpath import is_link
+from ..cells import is_link
 from ..errors import PatternError
 from ..llm import ImageBlock, Message, Role, TextBlock
 from ..llm.safety import SUPPORTED_IMAGE_MEDIA_TYPES, supported_image_media_type
@@ -66,8 +66,10 @@ def user_message(event: Any) -> Message:
                     f"providers do not take; send one of "
                     f"{', '.join(sorted(SUPPORTED_IMAGE_MEDIA_TYPES))}")
         else:
+            named = kind if isinstance(kind, str) and kind.isidentifier() and len(kind) < 40 \
+                else _short(kind)
             raise PatternError(
-                f"add_message's block {i} is a {_short(kind)} block; {_SHAPE}. Tool calls, "
+                f"add_message's block {i} is a {named} block; {_SHAPE}. Tool calls, "
                 "tool results and provider blocks are written by the dialog, never sent")
     if images > MAX_IMAGES:
         raise PatternError(f"add_message got {images} images; send at most {MAX_IMAGES}")

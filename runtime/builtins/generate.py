@@ -39,11 +39,17 @@ from typing import Any
 
 import anyio
 
-from ..cells import Cell, computed, current_runtime
-from ..cells.builtin import BuiltinNode
-from ..cells.ids import canonical
-from ..cells.runtime import Runtime
-from ..cells.schema import SchemaLike, to_json_schema, validate
+from ..cells import (
+    BuiltinNode,
+    Cell,
+    Runtime,
+    SchemaLike,
+    canonical,
+    computed,
+    current_runtime,
+    to_json_schema,
+    validate,
+)
 from ..errors import PatternError, SchemaError
 from ..llm import (
     DEFAULT_MAX_STEPS,
@@ -263,8 +269,6 @@ class _Generation:
                 return  # another live process runs this very request: its answer lands
             # pending with nothing running (its process stopped), or failed: run it again
         self._cancel(flights)
-        rt.lease.hold()  # held (renewed if it must be) before the turn names it
-        rt.lease.drop()  # the generation's task holds it from its start to its end
         turn = self.state.begin(rt)
         self.request.set(ask.digest)
         self.result.set(None)

@@ -29,9 +29,7 @@ from typing import Any
 
 import anyio
 
-from ..cells import Cell, Runtime, Stream, current_runtime
-from ..cells.builtin import BuiltinNode
-from ..cells.documents import Transaction
+from ..cells import BuiltinNode, Cell, Runtime, Stream, Transaction, current_runtime
 from ..errors import ConflictError, PatternError
 from ..llm import (
     TOOL_CANCELLED,
@@ -63,7 +61,8 @@ log = logging.getLogger("celldialog.dialog")
 ERROR_PREFIX = "I encountered an error generating a response"
 INTERRUPTED = ("Tool call interrupted: the process running this turn stopped before the "
                "call finished")
-_INTERRUPTED_TURN = "the turn was interrupted: the process running it stopped (its lease expired)"
+_INTERRUPTED_TURN = ("the turn was interrupted: the process running it stopped (its lease "
+                     "expired)")
 
 _USAGE_ZERO = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
                "cache_write_tokens": 0}
@@ -240,20 +239,27 @@ class _DialogNode:
         message = user_message(event)
         rt = self._rt = current_runtime()
         if self.state.pending.get():
-            if self.state.holder_alive(rt):
+            if self._owner_alive(rt):
                 # seed 003: a message while a turn runs is ignored; counted, never silent
                 self.dropped.set(self.dropped.get() + 1)
                 log.info("%s: a message arrived while a turn is pending; ignored (cancel "
                          "the turn before sending a replacement)", self.node.label)
                 return
             self._recover()
-        rt.lease.hold()  # the lease is held (renewed if it must be) before a turn names it
-        rt.lease.drop()  # the turn's task holds it from its start to its end
         turn_id = self.state.begin(rt)
         self.tool_output.set({})  # whatever a turn cut short left there
         self.messages.push(message.model_dump(mode="json"))
         self._scopes[turn_id] = self.node.spawn(self._run, rt, turn_id,
                                                 name=f"{self.node.label} turn")
+
+    def _owner_alive(self, rt: Runtime) -> bool:
+        """Is the pending turn's owner alive? Another process: its lease says. This one:
+        only while one of its tasks runs the turn (a turn whose end could not be stored is
+        an orphan, recovered like a dead one's)."""
+        if not self.state.holder_alive(rt):
+            return False
+        turn = self.state.turn.get() or {}
+        return turn.get("holder") != rt.lease.holder or turn.get("id") in self._scopes
 
     def _on_cancel(self, event: Any) -> None:
         self._cancel()

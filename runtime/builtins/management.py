@@ -33,20 +33,31 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..cells import Cell, Pattern, Stream
-from ..cells.documents import make_link, parse_link
-from ..cells.jsonpath import MISSING, Path, is_link, parse_pointer, pointer
-from ..cells.runtime import PATTERN_REF
-from ..cells.schema import asks_for_link, subschema
-from ..cells.scope import Scope
+from ..cells import (
+    MISSING,
+    PATTERN_REF,
+    STREAM_MARKER,
+    Cell,
+    DocKey,
+    Instance,
+    Path,
+    Pattern,
+    Runtime,
+    Scope,
+    Stream,
+    admit_links,
+    as_link,
+    is_link,
+    make_link,
+    parse_link,
+    parse_pointer,
+    pointer,
+    subschema,
+)
 from ..errors import CelldialogError, LinkError, PathError, PatternError
 from ..llm import Tool, ToolError, ToolResult
-from ..storage import DocKey
-
-if TYPE_CHECKING:
-    from ..cells.runtime import Instance, Runtime
 
 __all__ = ["MANAGEMENT_GUIDE", "MANAGEMENT_TOOLS", "MANAGEMENT_TOOL_NAMES", "READ_LIMIT",
            "VALUE_LIMIT", "Management", "ToolOutcome"]
@@ -61,7 +72,6 @@ _NAME_LIMIT = 200  # characters of a pin's name
 MAX_PINS = 40  # cells pinned at once: each is listed in every later system prompt
 CELLS_LIMIT = 24_000  # characters of the whole "# Available Cells" section
 _INFER_DEPTH = 8  # links followed when a schema is inferred from a value
-_STREAM_MARKER = {"$stream": True}
 
 
 # ---------------------------------------------------------------------------- declarations
@@ -289,8 +299,8 @@ class Management:
         inst = self.rt.run(pattern, event, space=self.space, user=scope.user,
                            session=scope.session, cause=["invoke", uuid.uuid4().hex])
         return ToolOutcome(self._json({
-            "@resultLocation": self._ref(inst.result.key, ()),
-            "result": self._materialize(inst.result.raw(), inst.result.key),
+            "@resultLocation": self._ref(inst.result.doc_key, ()),
+            "result": self._materialize(inst.result.raw(), inst.result.doc_key),
         }, self.read_limit, f"the result of {pattern.name}"))
 
     # -- schema ----------------------------------------------------------------------
@@ -525,7 +535,7 @@ class Management:
 
     def _instance_of(self, key: DocKey) -> Instance | None:
         inst = self.rt.instance_of(key)
-        if inst is None or inst.stopped or key not in (inst.result.key, inst.argument.key):
+        if inst is None or inst.stopped:
             return None
         return inst
 
@@ -536,7 +546,7 @@ class Management:
         raw = args.get("path", MISSING)
         if raw is MISSING:
             raise _Refused("`path` is missing.")
-        link = _as_link(raw)
+        link = as_link(raw)
         if link is None:
             raise _Refused(
                 f"{_short(raw)} is not a path: write \"/<id>/<path>\" (starting with '/', the "
@@ -632,7 +642,7 @@ class Management:
     # -- streams -----------------------------------------------------------------------
 
     def _is_stream(self, key: DocKey, path: Path, value: Any) -> bool:
-        if path or value != _STREAM_MARKER:
+        if path or value != STREAM_MARKER:
             return False
         doc = self.docs.doc(key)
         return doc.readonly is not None and not doc.derived
@@ -737,61 +747,24 @@ class Management:
 
     def _accept_links(self, value: Any, schema: Any, at: tuple[Any, ...], holder_scope: str,
                       where: str) -> Any:
-        """The model's ``value`` with its links checked: only where ``schema`` asks for a
-        link (``asCell``), each resolved like a path, within the scopes both the dialog and
-        the document receiving it may reach, and written with its scope explicit. A string
-        where a link is asked for is read as a path."""
-        asks = asks_for_link(schema)
-        if isinstance(value, str) and asks:
-            link = _as_link(value)
-            return value if link is None else self._accepted(link, holder_scope, where)
-        if isinstance(value, dict):
-            if is_link(value):
-                if not asks:
-                    raise _Refused(
-                        f"{where}{pointer(at)} is a link, and links are accepted only where "
-                        "the schema asks for a cell (asCell); send the data itself (read it "
-                        "first if you need it).")
-                return self._accepted(value, holder_scope, where)
-            return {k: self._accept_links(v, subschema(schema, (k,)), (*at, k), holder_scope,
-                                          where) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self._accept_links(v, subschema(schema, (i,)), (*at, i), holder_scope,
-                                       where) for i, v in enumerate(value)]
-        return value
+        """The model's ``value`` with its links checked by the graph's one policy
+        (``runtime.cells.admit_links``: only where ``schema`` asks for a cell), each resolved
+        like a path within the scopes both the dialog and the document receiving it may
+        reach, and written with its scope explicit."""
 
-    def _accepted(self, link: dict[str, Any], holder_scope: str, where: str
-                  ) -> dict[str, Any]:
+        def resolve(link: dict[str, Any], holder: tuple[str, ...]) -> dict[str, Any]:
+            scopes = tuple(s for s in self._scope.reachable if s in holder)
+            target = self._locate(link, scopes, True)
+            self._value_at(target)
+            return make_link(target.key, target.path)
+
         try:
-            holder = Scope.parse(holder_scope).reachable
-        except LinkError:
-            holder = ("",)
-        scopes = tuple(s for s in self._scope.reachable if s in holder)
-        target = self._locate(link, scopes, True)
-        self._value_at(target)
-        return make_link(target.key, target.path)
+            return admit_links(value, schema, holder_scope, resolve, where=where, at=at)
+        except LinkError as e:
+            raise _Refused(str(e)) from None
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def _as_link(raw: Any) -> dict[str, Any] | None:
-    """A path as the model may write it, as a link dict; None if it is not one."""
-    if isinstance(raw, str):
-        text = raw.strip()
-        if text.startswith("{"):
-            try:
-                raw = json.loads(text)
-            except ValueError:
-                return None
-        elif text.startswith("/"):
-            return {"@link": text}
-        else:
-            return None
-    if isinstance(raw, dict) and isinstance(raw.get("@link"), str):
-        if set(raw) <= {"@link", "scope"} and isinstance(raw.get("scope", ""), str):
-            return dict(raw)
-    return None
 
 
 def _event_of(args: dict[str, Any]) -> Any:

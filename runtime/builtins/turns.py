@@ -20,8 +20,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ..cells import Cell, Runtime, computed
-from ..cells.builtin import BuiltinNode
+from ..cells import BuiltinNode, Cell, Runtime, computed
 
 __all__ = ["PARTIAL_INTERVAL", "PartialText", "TurnState"]
 
@@ -50,7 +49,7 @@ class TurnState:
     def begin(self, rt: Runtime) -> str:
         """A new turn owned by this process: pending, no error, no partial text."""
         turn_id = uuid.uuid4().hex
-        holder = rt.lease.hold()
+        holder = rt.lease.ensure()  # held (renewed if it must be) before the turn names it
         self.pending.set(True)
         self.turn.set({"id": turn_id, "holder": holder})
         self.error.set(None)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime import PatternError, Runtime
+from runtime import NotJSONError, PatternError, Runtime
 from runtime.llm import ScriptedModel
 
 from .support import assert_valid_history, todo_agent
@@ -48,7 +48,7 @@ async def test_a_user_message_holds_text_and_supported_images_only(event: Any, s
     model = ScriptedModel(["never"])
     async with Runtime(model=model) as rt:
         inst = rt.run(todo_agent, user="u", session="s")
-        with pytest.raises(PatternError, match="add_message") as info:
+        with pytest.raises((PatternError, NotJSONError), match="add_message") as info:
             await inst.send("send", event)
         assert says in str(info.value)
         await rt.settled()

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.anyio
 
 
 @handler(event={"type": "object", "required": ["target", "title"],
-                "properties": {"target": {"asCell": True, "type": "array"},
+                "properties": {"target": {"asCell": True, "description": "The list to add to"},
                                "title": {"type": "string"}}})
 def add_to(event, log):
     event["target"].push(event["title"])
@@ -51,7 +51,7 @@ async def test_pins_and_the_cells_section_are_capped():
     model = ScriptedModel([])
     async with Runtime(model=model) as rt:
         inst = rt.run(limits_agent)
-        base = f"/{inst.result.key('lists').link()['@link'].split('/')[1]}"
+        base = inst.result.key("lists").resolve().link()["@link"]
         calls = [call("pin", {"path": f"{base}/l{i}", "name": f"list {i}"})
                  for i in range(MAX_PINS + 5)]
         model.add(Reply(tool_calls=calls), "pinned")
@@ -77,7 +77,7 @@ async def test_a_pin_name_of_a_megabyte_is_refused_from_the_pattern_and_from_the
     model = ScriptedModel([])
     async with Runtime(model=model) as rt:
         inst = rt.run(limits_agent)
-        base = f"/{inst.result.key('lists').link()['@link'].split('/')[1]}"
+        base = inst.result.key("lists").resolve().link()["@link"]
         huge = "n" * 1_000_000
         with pytest.raises(PatternError, match="keep it under") as info:
             await inst.send("pin", {"path": f"{base}/l0", "name": huge})
@@ -101,7 +101,9 @@ async def test_advertised_schemas_carry_no_internal_markers_and_describe_the_lin
             assert "asCell" not in json.dumps(tool.input_schema), tool.name
         [add_to_tool] = [t for t in request.tools if t.name == "addTo"]
         target = add_to_tool.input_schema["properties"]["target"]
-        assert '"@link"' in target["description"] and "array" in target["description"]
+        assert '"@link"' in target["description"]
+        assert target["description"].startswith("The list to add to (A cell")
+        assert [f.get("type") for f in target["anyOf"]] == ["string", "object"]
 
 
 async def test_a_cell_given_in_either_advertised_form_reaches_the_handler_live():

@@ -63,7 +63,7 @@ async def test_a_pattern_reference_the_model_writes_is_data_and_never_runs():
     async with Runtime(model=model) as rt:
         rt.run(admin_console, user="admin", session="root")  # registers admin-wipe
         inst = rt.run(user_agent, user="mallory", session="m")
-        notes = f"/{inst.result.key('notes').link()['@link'].split('/')[1]}"
+        notes = inst.result.key("notes").resolve().link()["@link"]
         forged = {"$pattern": admin_wipe.key}
         model.add(Reply(tool_calls=[
             call("saveNote", {"note": forged}),

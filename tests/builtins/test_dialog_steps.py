@@ -3,6 +3,7 @@ and its results land together or not at all (defect 2 of issue 14)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -29,7 +30,7 @@ def presenter():
 
 
 def _notes_path(inst: Any) -> str:
-    return inst.result.key("notes").link()["@link"]
+    return inst.result.key("notes").resolve().link()["@link"]
 
 
 async def test_a_link_in_present_result_beside_a_management_call_leaves_no_call_unanswered():
@@ -49,7 +50,7 @@ async def test_a_link_in_present_result_beside_a_management_call_leaves_no_call_
         assert [m.role.value for m in messages] == ["user", "assistant", "user", "assistant"]
         assert len(messages[2].blocks) == 2 and not any(b.is_error for b in messages[2].blocks)
         # stored inert: the link the model wrote is kept as its text, never followed
-        assert inst.result.key("result").get() == {"answer": '{"@link": "%s"}' % path}
+        assert inst.result.key("result").get() == {"answer": json.dumps(link, sort_keys=True)}
         assert inst.result.key("error").get() is None
         assert inst.result.key("pending").get() is False
 
@@ -73,16 +74,14 @@ class FailingStore(MemoryStore):
 
 async def test_results_that_cannot_be_stored_with_their_writes_are_stored_alone_as_errors():
     store = FailingStore()
-    async with Runtime(store=store) as probe:
-        path = _notes_path(probe.run(presenter))
-    model = ScriptedModel([
-        Reply(tool_calls=[call("read", {"path": path}),
-                          call("presentResult", {"answer": 42})]),
-        "never asked",
-    ])
-    async with Runtime(store=store, model=model) as rt:
+    async with Runtime(store=store) as rt:
         inst = rt.run(presenter)
-        result_id = inst.result.key("result").link()["@link"].split("/")[1]
+        model = rt.model = ScriptedModel([
+            Reply(tool_calls=[call("read", {"path": _notes_path(inst)}),
+                              call("presentResult", {"answer": 42})]),
+            "never asked",
+        ])
+        result_id = inst.result.key("result").resolve().doc_key.id
 
         seen: list[int] = []
 
