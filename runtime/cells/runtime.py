@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from .._text import describe_surrogate, has_surrogate
 from ..errors import ClosedError, NotJSONError, PatternError, StreamError
@@ -25,6 +25,7 @@ from .cell import Cell, Stream, accept_json, writing
 from .documents import Change, Documents, Transaction, current_transaction
 from .ids import canonical, derive
 from .jsonpath import MISSING, check_json
+from .lease import DEFAULT_TTL, ProcessLease
 from .pattern import Builder, Pattern, _builder
 from .registry import PATTERN_REF, Registry
 from .scheduler import MAX_CHAIN, Scheduler, running_stream
@@ -103,17 +104,25 @@ class Runtime:
     """The cell graph runtime. ``async with Runtime(store="sqlite:///app.db") as rt``.
 
     ``store`` is ``"memory"`` (default), ``"sqlite:///path"`` or a ``Store``. ``clock``
-    (seconds, like ``time.time``) is what turns and heartbeats read, so tests can own time.
+    (seconds, like ``time.time``) is what turns read, so tests can own time.
     ``max_event_chain`` is how many events in a causal chain count as a cycle. ``model``
     is the model builtins like ``llm_dialog`` use when they name none.
+
+    ``lease`` is this process's ``ProcessLease`` in the store (``lease_ttl`` seconds,
+    default ``lease.DEFAULT_TTL``): the turns a builtin runs here are owned under its holder
+    id, and other processes take one over only once that lease has expired. Its keeper runs
+    in the runtime's task group for the runtime's life (``settled()`` does not wait for it),
+    and the lease is released when the runtime closes.
     """
 
     def __init__(self, store: str | Store = "memory", *,
                  clock: Callable[[], float] = time.time,
-                 max_event_chain: int = MAX_CHAIN, model: Any = None) -> None:
+                 max_event_chain: int = MAX_CHAIN, model: Any = None,
+                 lease_ttl: float | None = None) -> None:
         self.store = open_store(store)
         self.clock = clock
         self.model = model  # the default model of builtins (a name or a runtime.llm Model)
+        self.lease = ProcessLease(self.store, DEFAULT_TTL if lease_ttl is None else lease_ttl)
         self.docs = Documents(self.store)
         self._changed: anyio.Event | None = None  # made by a waiter, set by the next poke
         self._work: anyio.Event | None = None  # the pump's, while it waits for events
@@ -133,7 +142,16 @@ class Runtime:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._pump, name="celldialog event pump")
+        # not spawn(): the keeper runs as long as the runtime, so it is no work to wait for
+        await self._tg.start(self._keep_lease, name="celldialog lease keeper")
         return self
+
+    async def _keep_lease(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                          ) -> None:
+        """The lease's keeper, started before ``__aenter__`` returns (``started()`` does not
+        yield, so ``keep()`` has begun when the body runs) and cancelled at exit."""
+        task_status.started()
+        await self.lease.keep()
 
     async def _pump(self) -> None:
         """Run events queued from outside a handler (another task, a timer, an Rx feed)
@@ -162,7 +180,10 @@ class Runtime:
         finally:
             self._state = _State.CLOSED
             self.docs.closed = True
-            self.store.close()
+            try:
+                self.lease.close()  # released while the store is open: others recover at once
+            finally:
+                self.store.close()
 
     @property
     def errors(self) -> list[tuple[str, BaseException]]:
