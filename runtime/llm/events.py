@@ -3,6 +3,10 @@
 Block positions are ``index`` values: each block of the final message is announced by its
 first event at a fresh index, and the assembled message keeps blocks in index order. A
 backend's ``stream`` must assemble to exactly what its ``generate`` returns for the same reply.
+
+Events come from a model, so what they carry is provider text: the assembler replaces any
+lone surrogate in it by U+FFFD (``runtime._text.scrub``) as it builds the vocabulary, which
+refuses such text. The adapters already scrub what they decode; this covers any other model.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from .._text import scrub, scrub_text
 from .errors import Fault, LLMError
 from .types import (
     Block,
@@ -125,16 +130,18 @@ class Assembler:
             raise self._bad("ended without a stop event")
         blocks: dict[int, Block] = {}
         for i, parts in self._texts.items():
-            blocks[i] = TextBlock(text="".join(parts))
+            blocks[i] = TextBlock(text=scrub_text("".join(parts)))
         for i, (cid, name, parts) in self._calls.items():
             raw = "".join(parts).strip() or "{}"
+            name = scrub_text(name)
             try:
                 args = json.loads(raw)
             except json.JSONDecodeError as e:
-                raise self._bad(f"tool call {name!r} arguments are not JSON ({e.msg})") from None
+                raise self._bad(
+                    f"tool call {name[:200]!r} arguments are not JSON ({e.msg})") from None
             if not isinstance(args, dict):
-                raise self._bad(f"tool call {name!r} arguments are not a JSON object")
-            blocks[i] = ToolUse(id=cid, name=name, input=args)
+                raise self._bad(f"tool call {name[:200]!r} arguments are not a JSON object")
+            blocks[i] = ToolUse(id=scrub_text(cid), name=name, input=scrub(args))
         blocks.update(self._opaque)
         message = Message(role=Role.ASSISTANT, blocks=tuple(blocks[i] for i in sorted(blocks)))
         return Response(

@@ -8,12 +8,13 @@ cannot come to disagree about what, say, an unanswered call is.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .types import Message, Role, ToolResult, ToolUse
 
-__all__ = ["unanswered_calls"]
+__all__ = ["CallIds", "fresh_call_id", "repeated_call_ids", "unanswered_calls"]
 
 HistoryItem = Message | Mapping[str, Any]
 """A message of a history: a ``Message`` or its JSON form (``model_dump(mode="json")``)."""
@@ -28,6 +29,50 @@ def unanswered_calls(history: Sequence[HistoryItem]) -> list[str]:
             answered = {cid for later in history[i + 1:] for cid in _result_ids(later)}
             return [cid for cid in _call_ids(history[i]) if cid not in answered]
     return []
+
+
+def repeated_call_ids(history: Sequence[HistoryItem]) -> list[str]:
+    """The tool call ids used by more than one call in ``history``, in the order their
+    second use appears: empty for a valid history (``Request`` refuses any other)."""
+    seen: set[str] = set()
+    repeated: list[str] = []
+    for message in history:
+        for cid in _call_ids(message):
+            if cid in seen:
+                repeated.append(cid)
+            seen.add(cid)
+    return repeated
+
+
+def fresh_call_id() -> str:
+    """A tool call id no other call has: ``call_`` and 32 random hex digits (uuid4)."""
+    return f"call_{uuid.uuid4().hex}"
+
+
+class CallIds:
+    """The tool call ids in use in one history (or one reply), each given out once.
+
+    ``take(wanted)`` keeps ``wanted`` if it is new and mints a ``fresh_call_id()`` if it is
+    empty or already in use: what an adapter does with the ids a server sends (some send
+    none, some repeat them) and what the step engine does with a reply's ids, so a history
+    never holds one id twice."""
+
+    __slots__ = ("_used",)
+
+    def __init__(self, used: Iterable[str] = ()) -> None:
+        self._used = set(used)
+
+    def take(self, wanted: str | None) -> str:
+        """``wanted`` if it is a new id, else a fresh one; either way now in use."""
+        if not wanted or wanted in self._used:
+            wanted = fresh_call_id()
+        self._used.add(wanted)
+        return wanted
+
+    @classmethod
+    def of(cls, history: Sequence[HistoryItem]) -> CallIds:
+        """The ids already used by the calls of ``history``."""
+        return cls(cid for message in history for cid in _call_ids(message))
 
 
 def _role(message: HistoryItem) -> Any:

@@ -5,6 +5,13 @@ Only transient faults are retried, within a bounded number of attempts and a bou
 time. A stream is retried only if it failed before delivering any event: output the caller
 has already seen is never replayed.
 
+``max_elapsed`` is the call's wall-clock deadline: all attempts and the waits between them
+end by then. It is an anyio cancel scope around every await of the loop (an attempt, each
+event of a stream, each wait), never open across a ``yield``, so it cuts an attempt that is
+running (a stream that keeps delivering) as surely as a wait that would cross it, which is
+not even started. Passing it fails the call with a transient ``LLMError`` that names the
+deadline and how to raise it.
+
 Every failed attempt is logged, once, on the ``celldialog.llm.retry`` logger (``LOGGER``):
 WARNING when another attempt follows (with the wait before it), INFO when it was the last
 (with why: a terminal fault, the attempts or the time budget used up, output already
@@ -21,15 +28,16 @@ import math
 import random
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import aclosing, nullcontext
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TypeVar
 
 import anyio
 
-from .errors import LLMError
+from .errors import Fault, LLMError
+from .limits import DEFAULT_CALL_TIMEOUT
 
 T = TypeVar("T")
 
@@ -42,16 +50,18 @@ MAX_RETRY_AFTER = 86_400.0
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How hard to try. ``max_attempts`` counts the first try; ``max_elapsed`` bounds the
-    total seconds spent including waits (a wait that would cross it is not started).
+    """How hard to try. ``max_attempts`` counts the first try; ``max_elapsed`` is the call's
+    wall-clock deadline in seconds, all attempts and waits included: it cuts a running
+    attempt, and a wait that would cross it is not started (module doc).
 
-    ``clock`` is the clock the port measures time with: ``max_elapsed`` across attempts,
-    and an adapter's ``timeout`` within one attempt. ``sleep`` is how it waits."""
+    ``clock`` is what decides whether a wait would cross ``max_elapsed`` (the cut itself is
+    a cancel scope, on the event loop's clock); ``sleep`` is how the loop waits. Tests pass
+    their own for both."""
 
     max_attempts: int = 4
     base_delay: float = 0.5
     max_delay: float = 20.0
-    max_elapsed: float = 60.0
+    max_elapsed: float = DEFAULT_CALL_TIMEOUT
     jitter: float = 0.25
     sleep: Callable[[float], Awaitable[None]] = field(default=anyio.sleep, repr=False)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
@@ -151,30 +161,88 @@ def _log(
         LOGGER.info(head + "; giving up: %s", *args, reason, extra=extra)
 
 
-async def retry_call(call: Callable[[], Awaitable[T]], policy: RetryPolicy) -> T:
-    """Run ``call`` until it succeeds, a terminal fault occurs, or the policy's bounds run out."""
+class _CallDeadline:
+    """The wall-clock deadline of one call under ``policy`` (module doc)."""
+
+    __slots__ = ("_policy", "_provider", "at", "passed")
+
+    def __init__(self, policy: RetryPolicy, provider: str) -> None:
+        self._policy = policy
+        self._provider = provider
+        self.at = anyio.current_time() + policy.max_elapsed
+        self.passed = False
+
+    @contextmanager
+    def within(self) -> Iterator[None]:
+        """Run the block under the deadline; raises the deadline's ``LLMError`` if it cuts
+        the block short."""
+        with anyio.CancelScope(deadline=self.at) as scope:
+            yield
+        if scope.cancelled_caught:
+            self.passed = True
+            raise self._error()
+
+    def check(self) -> None:
+        """Raise the deadline's ``LLMError`` if it has passed: before each event of a
+        stream, which may come without any wait the cancel scope could cut."""
+        if anyio.current_time() >= self.at:
+            self.passed = True
+            raise self._error()
+
+    def _error(self) -> LLMError:
+        seconds = self._policy.max_elapsed
+        return LLMError(
+            f"the call passed its deadline of {seconds:g} s (wall-clock, every attempt and "
+            "the waits between them); raise it with retry=RetryPolicy(max_elapsed=seconds)",
+            fault=Fault.TRANSIENT, provider=self._provider,
+        )
+
+    def give_up(self, attempt: int, error: LLMError) -> None:
+        """Log the attempt the deadline ended and count the attempts on its error."""
+        _log(self._policy, attempt, error, None, "the call's deadline (max_elapsed) passed")
+        error.attempts = attempt
+
+
+async def retry_call(
+    call: Callable[[], Awaitable[T]], policy: RetryPolicy, *, provider: str = "model"
+) -> T:
+    """Run ``call`` until it succeeds, a terminal fault occurs, or the policy's bounds run
+    out; ``provider`` names who failed when the deadline ends the call."""
+    deadline = _CallDeadline(policy, provider)
     started = policy.clock()
     attempt = 0
     while True:
         attempt += 1
         try:
-            return await call()
+            with deadline.within():
+                return await call()
         except LLMError as e:
+            if deadline.passed:
+                deadline.give_up(attempt, e)
+                raise
             wait = _give_up(policy, attempt, started, e)
             if wait is None:
                 raise
-        await policy.sleep(wait)
+        try:
+            with deadline.within():
+                await policy.sleep(wait)
+        except LLMError as e:
+            deadline.give_up(attempt, e)
+            raise
 
 
 async def retry_stream(
-    open_stream: Callable[[], AsyncIterator[T]], policy: RetryPolicy
+    open_stream: Callable[[], AsyncIterator[T]], policy: RetryPolicy, *, provider: str = "model"
 ) -> AsyncGenerator[T, None]:
     """Yield from ``open_stream()``, reopening it after a transient fault that struck before
-    the first event. After output has been delivered a fault propagates as is.
+    the first event. After output has been delivered a fault propagates as is. The call's
+    deadline is wall-clock: each wait for the next event runs under it, and an event that
+    arrives after it (the consumer's own time counts) ends the call instead.
 
     Closing this generator (a consumer that stops early, a cancelled scope) closes the
     stream it is reading at once, so the provider's HTTP response is released before
     ``aclose()`` returns rather than whenever the garbage collector finalises it."""
+    deadline = _CallDeadline(policy, provider)
     started = policy.clock()
     attempt = 0
     while True:
@@ -184,12 +252,26 @@ async def retry_stream(
             stream = open_stream()
             closing = aclosing(stream) if isinstance(stream, AsyncGenerator) else nullcontext()
             async with closing:
-                async for item in stream:
+                events = aiter(stream)
+                while True:
+                    with deadline.within():  # never open across the yield below
+                        try:
+                            item = await anext(events)
+                        except StopAsyncIteration:
+                            return
+                    deadline.check()
                     delivered = True
                     yield item
-            return
         except LLMError as e:
+            if deadline.passed:
+                deadline.give_up(attempt, e)
+                raise
             wait = _give_up(policy, attempt, started, e, delivered)
             if wait is None:
                 raise
-        await policy.sleep(wait)
+        try:
+            with deadline.within():
+                await policy.sleep(wait)
+        except LLMError as e:
+            deadline.give_up(attempt, e)
+            raise

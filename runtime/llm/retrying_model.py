@@ -16,7 +16,8 @@ from .types import Request, Response
 
 
 class RetryingModel:
-    """``model`` with transient faults retried under ``policy`` (streams only before output)."""
+    """``model`` with transient faults retried under ``policy`` (streams only before output),
+    each call held to the policy's deadline (``max_elapsed``)."""
 
     def __init__(self, model: Model, policy: RetryPolicy) -> None:
         self.model = model
@@ -34,10 +35,12 @@ class RetryingModel:
         return f"RetryingModel({self.model!r}, max_attempts={self.policy.max_attempts})"
 
     async def generate(self, request: Request) -> Response:
-        return await retry_call(lambda: self.model.generate(request), self.policy)
+        return await retry_call(lambda: self.model.generate(request), self.policy,
+                                provider=self.model.provider)
 
     def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
-        return retry_stream(lambda: self.model.stream(request), self.policy)
+        return retry_stream(lambda: self.model.stream(request), self.policy,
+                            provider=self.model.provider)
 
 
 def with_retry(model: Model, policy: RetryPolicy | None = None) -> RetryingModel:

@@ -24,7 +24,17 @@ exception from ``build_request`` or from a sink callback).
 
 Tool calls never break the loop: an unknown tool name, arguments that fail the advertised
 tool's ``input_schema``, an ``execute`` that raises, all become an error ``ToolResult`` whose
-text tells the model what a correct call looks like, and the loop goes on.
+text tells the model what a correct call looks like, and the loop goes on. Such a text
+quotes the model's input only in part (``_NAME_CHARS`` of a name or a path,
+``_DETAIL_CHARS`` of a validation message), so a 1 MB tool name costs the next request a
+few hundred characters, not a megabyte.
+
+A reply's tool call ids are the engine's to keep unique: a reply whose call reuses an id of
+the history (or of another call of the same reply) has that call's id replaced by a fresh
+one (``CallIds``) before it is appended, and a warning is logged. The id only pairs a call
+with its result, which the engine writes itself, so nothing is lost; refusing the reply
+instead would fail a turn over a model's bookkeeping (a scripted model restarted on an old
+history repeats its ids, and so do some OpenAI-compatible servers).
 
 Cancellation is the caller's anyio cancel scope. Whatever is in flight (the model request,
 a tool) is cancelled; but every tool call the sink has been told about is answered before
@@ -48,8 +58,10 @@ import anyio
 import pydantic_core
 from anyio.lowlevel import checkpoint_if_cancelled
 
+from .._text import scrub_text
 from .errors import Fault, LLMError, cap_message
 from .events import Assembler, TextDelta
+from .history import CallIds
 from .model import Model
 from .types import Message, Request, Response, Role, Tool, ToolResult, ToolUse, Usage
 
@@ -75,6 +87,7 @@ TOOL_CANCELLED = "Tool call cancelled"
 
 _SCHEMA_CHARS = 4000  # the most of a tool's schema quoted back to the model
 _DETAIL_CHARS = 500  # the most of one validation or exception message quoted back
+_NAME_CHARS = 200  # the most of a tool name or an argument path (model input) quoted back
 
 ToolOutput: TypeAlias = Any
 """What ``execute`` returns: a ``str`` (the result text, as is), a ``ToolResult`` (used as
@@ -193,7 +206,8 @@ async def run_steps(
     """
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
-    run = _Run(model, build_request, execute, list(history), sink or StepSink())
+    past = list(history)
+    run = _Run(model, build_request, execute, past, sink or StepSink(), CallIds.of(past))
     outcome = await run.loop(max_steps)
     await _emit(run.sink.on_end, outcome)
     return outcome
@@ -206,6 +220,7 @@ class _Run:
     execute: Execute
     history: list[Message]
     sink: StepSink
+    ids: CallIds  # every call id of the history: a reply's calls get ids none of these
     appended: list[Message] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     steps: int = 0
@@ -230,6 +245,7 @@ class _Run:
                 response = await self.call_model(request)
             except LLMError as e:
                 return self.outcome(StepsStatus.ERROR, e)
+            response = self.own_ids(response)
             self.last = response
             self.usage += response.usage
             await _emit(self.sink.on_usage, response.usage)
@@ -251,8 +267,27 @@ class _Run:
             async for event in stream:
                 assembler.feed(event)
                 if isinstance(event, TextDelta) and event.text:
-                    await _emit(self.sink.on_text, event.text)
+                    await _emit(self.sink.on_text, scrub_text(event.text))
         return assembler.response()
+
+    def own_ids(self, response: Response) -> Response:
+        """``response`` with each tool call whose id is already used (by the history or an
+        earlier call of the reply) given a fresh one (module doc)."""
+        blocks = list(response.message.blocks)
+        renamed = []
+        for i, block in enumerate(blocks):
+            if isinstance(block, ToolUse):
+                cid = self.ids.take(block.id)
+                if cid != block.id:
+                    renamed.append(block.id)
+                    blocks[i] = block.model_copy(update={"id": cid})
+        if not renamed:
+            return response
+        LOGGER.warning("%s replied with tool call ids already used in the history (%s): "
+                       "fresh ids given", self.model.provider,
+                       ", ".join(_quoted(r) for r in renamed[:5]))
+        message = response.message.model_copy(update={"blocks": tuple(blocks)})
+        return response.model_copy(update={"message": message})
 
     def empty(self, response: Response) -> LLMError:
         return LLMError(
@@ -293,10 +328,11 @@ class _Run:
         try:
             output = await self.execute(call)
         except ToolError as e:
-            return _error(call, str(e) or f"Tool {call.name!r} failed.")
+            return _error(call, str(e) or f"Tool {_quoted(call.name)} failed.")
         except Exception as e:
-            LOGGER.warning("tool %r raised %s", call.name, type(e).__name__, exc_info=True)
-            return _error(call, f"Tool {call.name!r} failed: {_describe(e)}. "
+            LOGGER.warning("tool %s raised %s", _quoted(call.name), type(e).__name__,
+                           exc_info=True)
+            return _error(call, f"Tool {_quoted(call.name)} failed: {_describe(e)}. "
                                 f"{_schema_hint(tool)}")
         if isinstance(output, ToolResult):
             return output if output.tool_use_id == call.id else output.model_copy(
@@ -306,8 +342,8 @@ class _Run:
         try:
             text = pydantic_core.to_json(output, inf_nan_mode="null").decode()
         except (ValueError, TypeError, RecursionError) as e:
-            LOGGER.error("tool %r returned a value that is not JSON: %s", call.name, e)
-            return _error(call, f"Tool {call.name!r} ran, but returned a value that cannot "
+            LOGGER.error("tool %s returned a value that is not JSON: %s", _quoted(call.name), e)
+            return _error(call, f"Tool {_quoted(call.name)} ran, but returned a value that cannot "
                                 f"be sent to the model ({type(output).__name__}): the tool is "
                                 "broken, not the call. Do not retry it.")
         return ToolResult(tool_use_id=call.id, content=text)
@@ -333,6 +369,7 @@ def check_arguments(tool: Tool, arguments: dict[str, Any]) -> str | None:
     if error is None:
         return None
     where = "".join(f"/{p}" for p in error.absolute_path) or "the top level"
+    where = cap_message(where, _NAME_CHARS)  # the keys are the model's input
     return (f"Invalid arguments for tool {tool.name!r}: at {where}, "
             f"{cap_message(error.message, _DETAIL_CHARS)}. {_schema_hint(tool)}")
 
@@ -380,8 +417,17 @@ def _schema_hint(tool: Tool) -> str:
             f"{cap_message(schema, _SCHEMA_CHARS)}")
 
 
+def _quoted(text: str, limit: int = _NAME_CHARS) -> str:
+    """``repr(text)``, of at most ``limit`` characters of it: how model input is quoted."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r} [... {len(text):,} characters in all]"
+
+
 def _unknown_tool(name: str, advertised: dict[str, Tool]) -> str:
     if not advertised:
-        return f"There is no tool {name!r}: no tools are available. Answer without calling one."
+        return (f"There is no tool {_quoted(name)}: no tools are available. Answer without "
+                "calling one.")
     names = ", ".join(repr(n) for n in advertised)
-    return f"There is no tool {name!r}. Call one of the available tools by its exact name: {names}."
+    return (f"There is no tool {_quoted(name)}. Call one of the available tools by its exact "
+            f"name: {names}.")

@@ -3,6 +3,14 @@
 Every model backend speaks these types and nothing else, so the dialog, the conversation
 object and the evals never see a vendor's wire format. All are pydantic models whose JSON
 round-trip is exact (``Model.model_validate_json(m.model_dump_json()) == m``).
+
+Text here is always Unicode text: every string a user or code puts in the vocabulary (a
+block's text, a call's input, a result, the system prompt, a tool's description...) is
+refused if it holds a lone UTF-16 surrogate, with the error ``runtime._text`` words, since
+a request carrying one cannot be encoded for any provider. Text a provider sends is not
+refused but replaced, by the adapters and the assembler, before it becomes these types.
+A history also never reuses a tool call's id (``Request`` refuses one that does): the id is
+what pairs a call with its result.
 """
 
 from __future__ import annotations
@@ -11,7 +19,10 @@ import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import pydantic_core
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from .._text import describe_surrogate, has_surrogate
 
 
 class _Value(BaseModel):
@@ -20,6 +31,47 @@ class _Value(BaseModel):
     model_config = ConfigDict(
         frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64"
     )
+
+
+def _check_text(value: str) -> str:
+    if has_surrogate(value):  # ASCII, the common case, is answered at once
+        raise ValueError(describe_surrogate(value, "the text"))
+    return value
+
+
+def _surrogate_in(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(path, string) of the first string in a JSON value, keys included, that holds a lone
+    surrogate, or None."""
+    t = type(value)
+    if t is str:
+        return (path or "the top level", value) if has_surrogate(value) else None
+    if t is dict:
+        for k, v in value.items():
+            if type(k) is str and has_surrogate(k):
+                return f"the key {path}/{k[:40]!r}", k
+            if type(v) in (str, dict, list) and (hit := _surrogate_in(v, f"{path}/{k}")):
+                return hit
+    elif t is list:
+        for i, v in enumerate(value):
+            if type(v) in (str, dict, list) and (hit := _surrogate_in(v, f"{path}/{i}")):
+                return hit
+    return None
+
+
+def _check_json(value: dict[str, Any]) -> dict[str, Any]:
+    try:  # the common case in C: serialising is what fails on a lone surrogate
+        pydantic_core.to_json(value)
+    except pydantic_core.PydanticSerializationError:  # that, or a value JSON cannot hold
+        if hit := _surrogate_in(value):
+            where, text = hit
+            raise ValueError(describe_surrogate(text, f"the value at {where[:200]}")) from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_check_text)]
+"""A string that is Unicode text: one holding a lone surrogate is refused (module doc)."""
+JSONObject = Annotated[dict[str, Any], AfterValidator(_check_json)]
+"""A JSON object whose strings (keys too) are all Unicode text."""
 
 
 class Role(StrEnum):
@@ -40,24 +92,24 @@ class StopReason(StrEnum):
 
 class TextBlock(_Value):
     kind: Literal["text"] = "text"
-    text: str
+    text: Text
 
 
 class ToolUse(_Value):
     """The model asks to call a tool; ``id`` pairs it with the ``ToolResult`` that answers it."""
 
     kind: Literal["tool_use"] = "tool_use"
-    id: str
-    name: str
-    input: dict[str, Any] = Field(default_factory=dict)
+    id: Text
+    name: Text
+    input: JSONObject = Field(default_factory=dict)
 
 
 class ToolResult(_Value):
     """A tool's output fed back to the model; ``is_error`` marks a failed call."""
 
     kind: Literal["tool_result"] = "tool_result"
-    tool_use_id: str
-    content: str
+    tool_use_id: Text
+    content: Text
     is_error: bool = False
 
 
@@ -69,8 +121,8 @@ class OpaqueBlock(_Value):
     """
 
     kind: Literal["opaque"] = "opaque"
-    provider: str
-    raw: str
+    provider: Text
+    raw: Text
 
 
 class ImageBlock(_Value):
@@ -129,9 +181,9 @@ class Message(_Value):
 class Tool(_Value):
     """A capability the model may call: the declaration only; running it is the caller's job."""
 
-    name: str
-    description: str = ""
-    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    name: Text
+    description: Text = ""
+    input_schema: JSONObject = Field(default_factory=lambda: {"type": "object"})
 
 
 class CacheHint(_Value):
@@ -145,7 +197,7 @@ class CacheHint(_Value):
 
     prefix: bool = False
     stable_messages: int = Field(default=0, ge=0)
-    key: str = ""
+    key: Text = ""
 
 
 class Sampling(_Value):
@@ -167,15 +219,30 @@ class Sampling(_Value):
 
 
 class Request(_Value):
-    """One call to a model: instructions, the conversation so far, tools and limits."""
+    """One call to a model: instructions, the conversation so far, tools and limits.
 
-    system: str = ""
+    Its history never reuses a tool call's id: a duplicate is refused (``ValueError``, as a
+    pydantic ``ValidationError``), as no provider could pair each call with its result."""
+
+    system: Text = ""
     messages: tuple[Message, ...] = ()
     tools: tuple[Tool, ...] = ()
     max_tokens: int | None = Field(default=None, gt=0)
     cache: CacheHint = CacheHint()
     sampling: Sampling | None = None
     reasoning_effort: Literal["low", "medium", "high"] | None = None
+
+    @model_validator(mode="after")
+    def _call_ids_unique(self) -> Request:
+        from .history import repeated_call_ids  # history imports this module
+
+        if repeated := repeated_call_ids(self.messages):
+            raise ValueError(
+                f"tool call id {repeated[0][:200]!r} is used by more than one tool call in the "
+                "history: every call needs an id of its own, which pairs it with its result "
+                "(give each call a fresh one: runtime.llm.history.fresh_call_id())"
+            )
+        return self
 
 
 class Usage(_Value):

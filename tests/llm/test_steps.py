@@ -283,6 +283,29 @@ async def test_invalid_arguments_are_an_error_result_quoting_the_schema(
     assert outcome.status is StepsStatus.COMPLETED and len(outcome.messages) == 3
 
 
+async def test_model_input_in_an_error_result_is_quoted_in_part() -> None:
+    """A 1 MB tool name, a 1 MB argument key: the error results that quote them cost the
+    next request a few hundred characters of each, not a megabyte."""
+    huge = "n" * 1_000_000
+    tally = Tool(name="tally", input_schema={"type": "object",
+                                             "additionalProperties": {"type": "integer"}})
+    model = ScriptedModel([
+        Reply(tool_calls=[call(huge, {"city": "Paris"}), call("tally", {"k" * 10**6: "x"}),
+                          call("get_weather", {"city": "Paris", "u" * 10**6: 1})]),
+        "Sorry."])
+    tools = Tools()
+    outcome = await steps(model, tools=tools, builder=Builder(tools=(WEATHER, tally)))
+    unknown, bad_key, extra = results_of(outcome.messages[1])
+    assert unknown.is_error and unknown.content.startswith("There is no tool 'nnnn")
+    assert "1,000,000 characters in all" in unknown.content and "'tally'" in unknown.content
+    assert len(unknown.content) < 500
+    assert bad_key.is_error and "Invalid arguments for tool 'tally': at /kkkk" in bad_key.content
+    assert extra.is_error and "Additional properties are not allowed" in extra.content
+    for result in (bad_key, extra):  # the schema hint is capped as before, the rest is small
+        assert len(result.content) < 5_000, len(result.content)
+    assert tools.started == []
+
+
 async def test_an_executor_that_raises_is_an_error_result_and_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

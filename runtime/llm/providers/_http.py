@@ -23,15 +23,31 @@ bytes of an error body are read. An ``LLMError`` leaving an adapter has no ``__c
 no ``__context__``: the exceptions underneath hold the request (with its key) or the raw
 body, so the type of the underlying error is named in the message instead.
 
-Time. ``timeout`` bounds one whole attempt: the seconds it may spend waiting on the network,
-connecting, sending and reading every byte of the reply, summed (``Budget``, measured with
-the retry policy's clock). A stream that trickles a byte at a time forever runs out of it
-like one that hangs. The time a stream's consumer spends between events does not count.
+Time. Every call has two wall-clock deadlines, both anyio cancel scopes (``limits``):
+``timeout`` bounds one attempt, from connecting to the reply's last byte, and the retry
+policy's ``max_elapsed`` bounds the call, all attempts and the waits between them (the retry
+layer holds that one). The attempt's deadline is a point in time fixed when it starts
+(``Deadline``); every wait on the network (connecting, sending, each read of the body) runs
+in a cancel scope that ends at that point, so a server that trickles a byte at a time, one
+that floods valid events forever and one that hangs all end at the same moment, and no
+scope is ever open across a ``yield`` to the consumer (whose time between events counts,
+as the clock does not stop for it).
 
-Protocol errors. A 2xx reply whose body is not JSON, or JSON of the wrong shape, comes from
-a broken server (or something posing as one): retrying it only costs the backoff, so
-``malformed`` is terminal. A reply cut short (a connection dropped mid-body, a stream that
-ends before its last event) is transient, as the next attempt may well get all of it.
+Size. Everything that grows with a reply is capped (``ReplyLimits``): a stream's lines and
+events (``_sse``), a ``generate`` body (``body_bytes``), and the characters of text and tool
+call arguments in one reply (``reply_chars``, for both ``generate`` and ``stream``).
+
+Text. What a provider sends is decoded with ``loads``, which replaces the lone surrogates a
+``\\ud800`` escape produces (``runtime._text``): such text would be refused by the
+vocabulary and could not be sent back. A request always encodes (``encode_text``): a
+surrogate that reached a history anyway (an old stored one) is replaced as it is sent.
+
+Protocol errors. A 2xx reply whose body is not JSON, or JSON of the wrong shape, a stream
+answered with something other than an event stream (a proxy's HTML page), or a reply past a
+cap comes from a broken server (or something posing as one): retrying it only costs the
+backoff, so ``malformed`` is terminal. A reply cut short (a connection dropped mid-body, a
+stream that ends before its last event) is transient, as the next attempt may well get all
+of it.
 """
 
 from __future__ import annotations
@@ -48,8 +64,10 @@ from typing import Any, ClassVar, Self
 import anyio
 import httpx
 
+from ..._text import scrub, scrub_text
 from ..errors import ConfigurationError, Fault, LLMError, cap_message, quota_exhausted, retry_class
-from ..events import StreamEvent
+from ..events import StreamEvent, TextDelta, ToolCallDelta
+from ..limits import ReplyLimits
 from ..retry_policy import (
     RetryPolicy,
     parse_retry_after,
@@ -58,7 +76,7 @@ from ..retry_policy import (
     retry_stream,
 )
 from ..safety import check_api_key, check_base_url, display_url
-from ..types import Request, Response
+from ..types import Request, Response, TextBlock, ToolUse
 
 ERROR_BODY_LIMIT = 64 * 1024
 """The most bytes of an error body (a non-2xx reply) an adapter reads; the rest is never
@@ -119,6 +137,29 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def encode_text(text: str) -> bytes:
+    """A request body's bytes. Never raises: text the vocabulary would refuse (a lone
+    surrogate in a history stored before it did, or built with ``model_construct``) is
+    replaced by U+FFFD here, so no history can make every later request fail."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return scrub_text(text).encode()
+
+
+def loads(raw: str | bytes) -> Any:
+    """JSON a provider sent, decoded, with every lone surrogate its escapes produce
+    (``"\\ud800"``) replaced by U+FFFD. Bytes must be UTF-8 (``json.loads`` alone would
+    let surrogates through as CESU bytes), and decoded text cannot hold a surrogate, so only
+    a body with a ``\\ud`` escape is walked: the common case costs two substring searches.
+    Raises ``ValueError`` (``UnicodeDecodeError`` included) for what is not JSON."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    value = json.loads(text)
+    if "\\ud" in text or "\\uD" in text:
+        value = scrub(value)
+    return value
+
+
 def is_json_object(raw: str) -> bool:
     """Whether ``raw`` is the JSON text of one object (what an opaque block must be)."""
     try:
@@ -167,41 +208,40 @@ def detached(error: LLMError) -> LLMError:
     return error
 
 
-class Budget:
-    """The seconds one attempt may still spend waiting on the network (module doc)."""
+class Deadline:
+    """The point in time (anyio's clock) one attempt must end by (module doc)."""
 
-    __slots__ = ("_clock", "left", "seconds")
+    __slots__ = ("at", "seconds")
 
-    def __init__(self, seconds: float, clock: Callable[[], float]) -> None:
+    def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.left = seconds
-        self._clock = clock
+        self.at = anyio.current_time() + seconds
+
+    def passed(self) -> bool:
+        return anyio.current_time() >= self.at
 
     @contextmanager
     def waiting(self) -> Iterator[None]:
-        """Bound the wait inside by what is left; raises ``TimeoutError`` when it runs out."""
-        if self.left <= 0:
+        """Bound the wait inside by the deadline; raises ``TimeoutError`` once it is past."""
+        left = self.at - anyio.current_time()
+        if left <= 0:
             raise TimeoutError
-        started = self._clock()
-        try:
-            with anyio.fail_after(self.left):
-                yield
-        finally:
-            self.left -= max(self._clock() - started, 0.0)
+        with anyio.fail_after(left):
+            yield
 
 
-class _BudgetedStream(httpx.AsyncByteStream):
-    """A response's raw byte stream, each read bounded by the attempt's ``Budget``. Every way
-    httpx reads a body (``aread``, ``aiter_bytes``, ``aiter_lines``) goes through it."""
+class _DeadlineStream(httpx.AsyncByteStream):
+    """A response's raw byte stream, each read bounded by the attempt's ``Deadline``. Every
+    way httpx reads a body (``aread``, ``aiter_bytes``, ``aiter_lines``) goes through it."""
 
-    def __init__(self, inner: httpx.AsyncByteStream, budget: Budget) -> None:
+    def __init__(self, inner: httpx.AsyncByteStream, deadline: Deadline) -> None:
         self._inner = inner
-        self._budget = budget
+        self._deadline = deadline
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = aiter(self._inner)
         while True:
-            with self._budget.waiting():  # never open across the yield below
+            with self._deadline.waiting():  # never open across the yield below
                 try:
                     chunk = await anext(chunks)
                 except StopAsyncIteration:
@@ -239,6 +279,7 @@ class HTTPModel(ABC):
         retry: RetryPolicy | None,
         timeout: float,
         http_client: httpx.AsyncClient | None,
+        limits: ReplyLimits | None = None,
     ) -> None:
         check_base_url(base_url, self.LABEL)
         if key:
@@ -260,6 +301,7 @@ class HTTPModel(ABC):
         self._where = display_url(base_url)
         self._key = key
         self._retry = retry or RetryPolicy()
+        self._limits = limits or ReplyLimits()
         self._seconds = float(timeout)
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
         self._http = ClientSlot(http_client, lambda: httpx.AsyncClient(verify=tls_context()))
@@ -278,20 +320,54 @@ class HTTPModel(ABC):
     async def generate(self, request: Request) -> Response:
         body = self.encode(request, stream=False)
         try:
-            return await retry_call(lambda: self._generate_once(body), self._retry)
+            return await retry_call(lambda: self._generate_attempt(body), self._retry,
+                                    provider=self.PROVIDER)
         except LLMError as e:
             detached(e)
             raise
 
     async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
         body = self.encode(request, stream=True)
-        async with aclosing(retry_stream(lambda: self._stream_once(body), self._retry)) as events:
+        events = retry_stream(lambda: self._stream_attempt(body), self._retry,
+                              provider=self.PROVIDER)
+        async with aclosing(events):
             try:
                 async for event in events:
                     yield event
             except LLMError as e:
                 detached(e)
                 raise
+
+    async def _generate_attempt(self, body: bytes) -> Response:
+        """One ``generate`` attempt under its deadline, its reply held to ``reply_chars``."""
+        response = await self._generate_once(body, Deadline(self._seconds))
+        size = 0
+        for block in response.message.blocks:
+            if isinstance(block, TextBlock):
+                size += len(block.text)
+            elif isinstance(block, ToolUse):
+                size += len(compact_json(block.input))
+        if size > self._limits.reply_chars:
+            raise self._too_large()
+        return response
+
+    async def _stream_attempt(self, body: bytes) -> AsyncIterator[StreamEvent]:
+        """One streaming attempt under its deadline, checked at every network wait and
+        before every event (one read may hold hundreds: a slow consumer must not outlive
+        the deadline by their sum), its reply held to ``reply_chars``."""
+        deadline = Deadline(self._seconds)
+        left = self._limits.reply_chars
+        async with aclosing(self._stream_once(body, deadline)) as events:
+            async for event in events:
+                if deadline.passed():
+                    raise self._timed_out()
+                if type(event) is TextDelta:
+                    left -= len(event.text)
+                elif type(event) is ToolCallDelta:
+                    left -= len(event.arguments)
+                if left < 0:
+                    raise self._too_large()
+                yield event
 
     async def aclose(self) -> None:
         """Close the HTTP client if this model created it (a given one is left open)."""
@@ -310,12 +386,13 @@ class HTTPModel(ABC):
         """The exact request body sent for ``request`` (deterministic)."""
 
     @abstractmethod
-    async def _generate_once(self, body: bytes) -> Response:
-        """One non-streaming attempt (``_post`` it, decode the reply)."""
+    async def _generate_once(self, body: bytes, deadline: Deadline) -> Response:
+        """One non-streaming attempt (``_post`` it under ``deadline``, ``_read`` the body,
+        decode the reply)."""
 
     @abstractmethod
-    def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
-        """One streaming attempt (``_post`` it, decode the events)."""
+    def _stream_once(self, body: bytes, deadline: Deadline) -> AsyncIterator[StreamEvent]:
+        """One streaming attempt (``_post`` it under ``deadline``, decode the events)."""
 
     @abstractmethod
     def _error_fields(self, raw: bytes) -> tuple[str, tuple[str | None, ...]]:
@@ -326,20 +403,22 @@ class HTTPModel(ABC):
 
     @asynccontextmanager
     async def _post(
-        self, body: bytes, headers: Mapping[str, str]
+        self, body: bytes, headers: Mapping[str, str], deadline: Deadline, *,
+        stream: bool = False,
     ) -> AsyncIterator[httpx.Response]:
-        """POST ``body``; yields a 2xx response, raises ``LLMError`` for anything else.
-        The response is closed on any exit, so a cancelled caller never leaves a request
-        running; a transport failure or the end of the time budget while the caller reads
-        the body (a dropped stream) comes back through here as a transient fault too."""
+        """POST ``body``, every network wait bounded by ``deadline``; yields a 2xx response,
+        raises ``LLMError`` for anything else (``stream``: a 2xx that is not an event stream
+        is malformed). The response is closed on any exit, so a cancelled caller never
+        leaves a request running; a transport failure or the deadline while the caller reads
+        the body (a dropped or an endless stream) comes back through here as a transient
+        fault too."""
         client = self._http.get()
-        budget = Budget(self._seconds, self._retry.clock)
         request = client.build_request(
             "POST", self._url, content=body, headers=headers, timeout=self._timeout
         )
         failure: LLMError | None = None
         try:
-            with budget.waiting():
+            with deadline.waiting():
                 response = await client.send(request, stream=True)
         except httpx.HTTPError as e:
             failure = self._transport_error(e)
@@ -347,13 +426,17 @@ class HTTPModel(ABC):
             failure = self._timed_out()
         if failure is not None:
             raise failure
-        response.stream = _BudgetedStream(response.stream, budget)  # type: ignore[arg-type]
+        response.stream = _DeadlineStream(response.stream, deadline)  # type: ignore[arg-type]
         try:
             try:
-                if response.is_success:
-                    yield response
-                else:
+                if not response.is_success:
                     failure = self._status_error(response, await _read_at_most(response))
+                elif stream and not _is_event_stream(response):
+                    failure = self._malformed(
+                        f"a stream was asked for, the server answered "
+                        f"{response.headers.get('content-type', '')[:100]!r} instead")
+                else:
+                    yield response
             except httpx.HTTPError as e:
                 failure = self._transport_error(e)
             except TimeoutError:
@@ -362,6 +445,16 @@ class HTTPModel(ABC):
                 raise failure
         finally:
             await response.aclose()
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        """A ``generate`` reply's whole body, at most ``body_bytes`` of it: a larger one is
+        malformed (nothing larger is ever held)."""
+        limit = self._limits.body_bytes
+        body = await _read_at_most(response, limit + 1)
+        if len(body) > limit:
+            raise self._malformed(f"the reply body is larger than {limit:,} bytes (the body "
+                                  "cap, ReplyLimits.body_bytes)")
+        return body
 
     # -- errors ----------------------------------------------------------------------------
 
@@ -394,9 +487,20 @@ class HTTPModel(ABC):
 
     def _timed_out(self) -> LLMError:
         return self._error(
-            f"timed out talking to {self._where}: the attempt took more than "
-            f"{self._seconds:g} s (connecting and reading the whole reply)",
+            f"timed out talking to {self._where}: the attempt passed its deadline of "
+            f"{self._seconds:g} s (wall-clock, connecting to the reply's last byte); raise it "
+            f"with {type(self).__name__}(..., timeout=seconds)",
             Fault.TRANSIENT,
+        )
+
+    def _too_large(self) -> LLMError:
+        """A reply past ``reply_chars``: terminal (docs/llm-port.md, "Deadlines and caps")."""
+        limit = self._limits.reply_chars
+        return self._error(
+            f"the reply is longer than {limit:,} characters of text and tool call arguments "
+            f"(the reply cap): a runaway generation or a broken server; raise it with "
+            f"{type(self).__name__}(..., limits=ReplyLimits(reply_chars=...))",
+            Fault.TERMINAL,
         )
 
     def _transport_error(self, e: httpx.HTTPError) -> LLMError:
@@ -409,7 +513,14 @@ class HTTPModel(ABC):
         return self._error(what, Fault.TRANSIENT)
 
     def _malformed(self, what: str) -> LLMError:
-        return malformed(self.PROVIDER, what)
+        return self._error(malformed(self.PROVIDER, what).message, Fault.TERMINAL)
+
+
+def _is_event_stream(response: httpx.Response) -> bool:
+    """Whether a 2xx reply to a stream request says it is one (no content type: let the
+    parser judge)."""
+    kind = response.headers.get("content-type")
+    return kind is None or kind.split(";", 1)[0].strip().lower() == "text/event-stream"
 
 
 async def _read_at_most(response: httpx.Response, limit: int = ERROR_BODY_LIMIT) -> bytes:

@@ -32,12 +32,13 @@ Wire mapping, in brief:
   the OpenAI adapter sends it, and so do local OpenAI-compatible servers behind it). So every
   body this adapter builds is one the SDK's own ``MessageCreateParams`` accept, and the
   tests' fake validates it against exactly those, with no hand-written exception.
+- A ``tool_use`` block without an id, or with one the reply has already used, gets a fresh
+  one (``CallIds``): the API always sends unique ids, but a gateway posing as it may not.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
@@ -55,6 +56,8 @@ from ..events import (
     ToolCallStart,
     UsageUpdate,
 )
+from ..history import CallIds
+from ..limits import DEFAULT_ATTEMPT_TIMEOUT, ReplyLimits
 from ..retry_policy import RetryPolicy
 from ..safety import supported_image_media_type
 from ..types import (
@@ -70,7 +73,15 @@ from ..types import (
     ToolUse,
     Usage,
 )
-from ._http import HTTPModel, compact_json, cut_short, is_json_object
+from ._http import (
+    Deadline,
+    HTTPModel,
+    compact_json,
+    cut_short,
+    encode_text,
+    is_json_object,
+    loads,
+)
 from ._sse import SSEEvent, iter_sse
 
 __all__ = ["DEFAULT_BASE_URL", "THINKING_BUDGETS", "AnthropicModel", "thinking_style"]
@@ -117,8 +128,9 @@ class AnthropicModel(HTTPModel):
     Safe for concurrent use. Without ``http_client`` it owns one pooled client, created on
     first use and released by ``aclose()`` (or ``async with``); it belongs to the event loop
     that created it, and a call from another loop gets a fresh one (``providers/_http.py``).
-    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` bounds each
-    attempt as a whole, in seconds (``providers/_http.py``; connecting: at most 10).
+    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` is each attempt's
+    wall-clock deadline in seconds (``providers/_http.py``; connecting: at most 10); the
+    retry policy's ``max_elapsed`` is the call's; ``limits`` caps what a reply may hold.
 
     ``api_key`` is required and ``base_url`` defaults to Anthropic's: the adapter never
     reads the environment (``resolve_model`` reads ``ANTHROPIC_API_KEY`` and
@@ -136,10 +148,11 @@ class AnthropicModel(HTTPModel):
         *,
         max_tokens: int = 4096,
         retry: RetryPolicy | None = None,
-        timeout: float = 600,
+        timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
         http_client: httpx.AsyncClient | None = None,
         anthropic_version: str = "2023-06-01",
         thinking: ThinkingStyle | None = None,
+        limits: ReplyLimits | None = None,
     ) -> None:
         key = api_key
         if not key:
@@ -149,7 +162,7 @@ class AnthropicModel(HTTPModel):
             )
         url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         super().__init__(model=model, base_url=url, endpoint="/v1/messages", key=key,
-                         retry=retry, timeout=timeout, http_client=http_client)
+                         retry=retry, timeout=timeout, http_client=http_client, limits=limits)
         self._thinking: ThinkingStyle = thinking or thinking_style(model)
         self._headers = {
             "x-api-key": key,
@@ -178,12 +191,12 @@ class AnthropicModel(HTTPModel):
     # that revealed the problem (holding the raw body or the error event) is not their
     # ``__context__``; ``HTTPModel`` detaches whatever the retry layer adds on the way out.
 
-    async def _generate_once(self, body: bytes) -> Response:
-        async with self._post(body, self._headers) as response:
-            content = await response.aread()
+    async def _generate_once(self, body: bytes, deadline: Deadline) -> Response:
+        async with self._post(body, self._headers, deadline) as response:
+            content = await self._read(response)
         data: Any = None
         try:
-            data = json.loads(content)
+            data = loads(content)
         except ValueError:  # UnicodeDecodeError included
             pass
         if data is None:
@@ -197,10 +210,12 @@ class AnthropicModel(HTTPModel):
             shape = type(e).__name__
         raise self._malformed(f"unexpected response shape ({shape})")
 
-    async def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
-        async with self._post(body, self._headers) as response:
+    async def _stream_once(self, body: bytes, deadline: Deadline) -> AsyncIterator[StreamEvent]:
+        limits = self._limits
+        async with self._post(body, self._headers, deadline, stream=True) as response:
             decoder = StreamDecoder()
-            async for sse in iter_sse(response):
+            async for sse in iter_sse(response, PROVIDER, max_line=limits.sse_line_bytes,
+                                      max_event=limits.sse_event_bytes):
                 failure: LLMError | None = None
                 try:
                     events = decoder.feed(sse)
@@ -232,7 +247,7 @@ def _error_fields(body: bytes | Any) -> tuple[str, str]:
     """Anthropic's error ``(type, message)`` from an error body, or empty strings."""
     if isinstance(body, bytes):
         try:
-            body = json.loads(body)
+            body = loads(body)
         except ValueError:  # not JSON (an HTML page, a body cut at ERROR_BODY_LIMIT)
             return "", ""
     error = body.get("error") if isinstance(body, dict) else None
@@ -291,7 +306,7 @@ def encode_request(
     # request.sampling is deliberately not sent (module doc)
     if stream:
         parts.append('"stream":true')
-    return ("{" + ",".join(parts) + "}").encode()
+    return encode_text("{" + ",".join(parts) + "}")
 
 
 def _marked_list(items: Sequence[str], mark: bool) -> str:
@@ -390,12 +405,14 @@ def _usage(counts: dict[str, Any]) -> Usage:
 def decode_message(data: dict[str, Any]) -> Response:
     """A non-streaming Messages API reply as a ``Response``."""
     blocks: list[Any] = []
+    ids = CallIds()
     for block in data["content"]:
         kind = block["type"]
         if kind == "text":
             blocks.append(TextBlock(text=block["text"]))
         elif kind == "tool_use":
-            blocks.append(ToolUse(id=block["id"], name=block["name"], input=block["input"]))
+            blocks.append(ToolUse(id=ids.take(block.get("id")), name=block["name"],
+                                  input=block["input"]))
         else:
             blocks.append(_opaque(block))
     return Response(
@@ -426,12 +443,13 @@ class StreamDecoder:
         self._counts: dict[str, Any] = {}
         self._stop: str | None = None
         self._tools: set[int] = set()
+        self._ids = CallIds()
         self._opaque: dict[int, dict[str, Any]] = {}
 
     def feed(self, sse: SSEEvent) -> list[StreamEvent]:
         if sse.event == "ping":
             return []
-        data = json.loads(sse.data)
+        data = loads(sse.data)
         if not isinstance(data, dict):
             raise TypeError("event data is not an object")
         kind = data.get("type", sse.event)
@@ -470,7 +488,8 @@ class StreamDecoder:
             return [TextDelta(index=i, text=block["text"])]
         if kind == "tool_use":
             self._tools.add(i)
-            return [ToolCallStart(index=i, id=block["id"], name=block["name"])]
+            return [ToolCallStart(index=i, id=self._ids.take(block.get("id")),
+                                  name=block["name"])]
         self._opaque[i] = dict(block)
         return []
 

@@ -56,6 +56,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from ..._text import scrub_text
 from ..errors import ConfigurationError, Fault, LLMError
 from ..events import Stop, StreamEvent, UsageUpdate, assemble
 from ..types import (
@@ -469,8 +470,10 @@ class LocalModel:
 
 
 def _render(engine: _Engine, messages: list[dict[str, str]]) -> str:
+    """The prompt for ``messages``; a lone surrogate (a history built around validation)
+    is replaced, as it could not be tokenized (``runtime._text``)."""
     try:
-        return engine.formatter(messages=messages).prompt
+        return scrub_text(engine.formatter(messages=messages).prompt)
     except Exception as e:  # a template may refuse a conversation (raise_exception)
         raise LLMError(f"the model's chat template refused the conversation: {e}",
                        fault=Fault.TERMINAL, provider=PROVIDER) from None

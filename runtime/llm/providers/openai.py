@@ -22,6 +22,8 @@ Choices worth knowing (each keeps a request valid on OpenAI *and* on local serve
   byte-identical prefix.
 - ``usage.prompt_tokens`` already includes cached tokens, so it is ``input_tokens`` as is;
   ``cached_tokens`` is ``cache_read_tokens``; automatic caching reports no separate write.
+- A tool call without an id (some compatible servers send none) or with an id the reply has
+  already used gets a fresh one (``CallIds``), so no two calls of a history share an id.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from ..events import (
     ToolCallStart,
     UsageUpdate,
 )
+from ..history import CallIds
+from ..limits import DEFAULT_ATTEMPT_TIMEOUT, ReplyLimits
 from ..retry_policy import RetryPolicy
 from ..safety import display_url, is_loopback_url, supported_image_media_type
 from ..types import (
@@ -60,7 +64,17 @@ from ..types import (
     ToolUse,
     Usage,
 )
-from ._http import HTTPModel, body_text, compact_json, cut_short, is_json_object, malformed
+from ._http import (
+    Deadline,
+    HTTPModel,
+    body_text,
+    compact_json,
+    cut_short,
+    encode_text,
+    is_json_object,
+    loads,
+    malformed,
+)
 from ._sse import iter_sse
 
 __all__ = ["DEFAULT_BASE_URL", "PROVIDER", "OpenAIModel"]
@@ -97,8 +111,9 @@ class OpenAIModel(HTTPModel):
     Safe for concurrent use. Without ``http_client`` it owns one pooled client, created on
     first use and released by ``aclose()`` (or ``async with``); it belongs to the event loop
     that created it, and a call from another loop gets a fresh one (``providers/_http.py``).
-    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` bounds each
-    attempt as a whole, in seconds (``providers/_http.py``; connecting: at most 10).
+    A given ``httpx.AsyncClient`` is used as is and left open. ``timeout`` is each attempt's
+    wall-clock deadline in seconds (``providers/_http.py``; connecting: at most 10); the
+    retry policy's ``max_elapsed`` is the call's; ``limits`` caps what a reply may hold.
     """
 
     PROVIDER = PROVIDER
@@ -112,8 +127,9 @@ class OpenAIModel(HTTPModel):
         *,
         max_tokens: int | None = None,
         retry: RetryPolicy | None = None,
-        timeout: float = 600,
+        timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
         http_client: httpx.AsyncClient | None = None,
+        limits: ReplyLimits | None = None,
     ) -> None:
         key = api_key or ""
         base = (base_url or DEFAULT_BASE_URL).rstrip("/")
@@ -125,7 +141,7 @@ class OpenAIModel(HTTPModel):
                 "environment or .env, the adapter never does)"
             )
         super().__init__(model=model, base_url=base, endpoint="/chat/completions", key=key,
-                         retry=retry, timeout=timeout, http_client=http_client)
+                         retry=retry, timeout=timeout, http_client=http_client, limits=limits)
         self._max_tokens = max_tokens
         auth = {"authorization": f"Bearer {key}"} if key else {}
         self._json_headers = {"content-type": "application/json", "accept": "application/json",
@@ -149,22 +165,24 @@ class OpenAIModel(HTTPModel):
     # that revealed the problem (a JSONDecodeError holds the whole body) is not their
     # ``__context__``; ``HTTPModel`` detaches whatever the retry layer adds on the way out.
 
-    async def _generate_once(self, body: bytes) -> Response:
-        async with self._post(body, self._json_headers) as response:
-            raw = await response.aread()
+    async def _generate_once(self, body: bytes, deadline: Deadline) -> Response:
+        async with self._post(body, self._json_headers, deadline) as response:
+            raw = await self._read(response)
         failure: LLMError | None = None
         try:
-            return decode_completion(json.loads(raw))
+            return decode_completion(loads(raw))
         except LLMError as e:
             failure = e
         except _SHAPE_ERRORS:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             failure = _malformed("the response body is not a chat completion")
         raise failure
 
-    async def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
-        async with self._post(body, self._sse_headers) as response:
+    async def _stream_once(self, body: bytes, deadline: Deadline) -> AsyncIterator[StreamEvent]:
+        limits = self._limits
+        async with self._post(body, self._sse_headers, deadline, stream=True) as response:
             decoder = ChunkDecoder()
-            async for sse in iter_sse(response):
+            async for sse in iter_sse(response, PROVIDER, max_line=limits.sse_line_bytes,
+                                      max_event=limits.sse_event_bytes):
                 if sse.data.strip() == "[DONE]":
                     for event in decoder.done():
                         yield event
@@ -180,7 +198,7 @@ class OpenAIModel(HTTPModel):
         self, decoder: ChunkDecoder, data: str
     ) -> tuple[list[StreamEvent], LLMError | None]:
         try:
-            chunk = json.loads(data)
+            chunk = loads(data)
         except ValueError:
             return [], _malformed("a stream event's data is not JSON")
         if not isinstance(chunk, dict):
@@ -198,8 +216,8 @@ class OpenAIModel(HTTPModel):
 
     def _error_fields(self, raw: bytes) -> tuple[str, tuple[str | None, ...]]:
         try:
-            data = json.loads(raw)
-        except ValueError:  # an HTML page, a body cut at ERROR_BODY_LIMIT
+            data = loads(raw)
+        except ValueError:  # an HTML page, a body cut at ERROR_BODY_LIMIT, not UTF-8
             return body_text(raw), ()
         return _error_fields(data.get("error", data) if isinstance(data, dict) else data)
 
@@ -258,7 +276,7 @@ def encode_request(
     text = compact_json(body)
     for i, raw in enumerate(splices):
         text = text.replace(json.dumps(f"{marker}{i}", ensure_ascii=False), raw, 1)
-    return text.encode()
+    return encode_text(text)
 
 
 def _encode_tool(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -348,11 +366,12 @@ def decode_completion(data: dict[str, Any]) -> Response:
     if refusal := message.get("refusal"):
         blocks.append(TextBlock(text=refusal))
     calls = message.get("tool_calls") or []
-    for i, call in enumerate(calls):
+    ids = CallIds()
+    for call in calls:
         function = call["function"]
         arguments = _arguments(function["name"], function.get("arguments") or "")
         blocks.append(
-            ToolUse(id=call.get("id") or f"call_{i}", name=function["name"], input=arguments)
+            ToolUse(id=ids.take(call.get("id")), name=function["name"], input=arguments)
         )
     return Response(
         message=Message(role=Role.ASSISTANT, blocks=tuple(blocks)),
@@ -380,6 +399,7 @@ class ChunkDecoder:
 
     def __init__(self) -> None:
         self._calls: dict[int, _Call] = {}
+        self._ids = CallIds()
         self._finish: str | None = None
         self._refused = False
         self._model = ""
@@ -426,7 +446,7 @@ class ChunkDecoder:
             return []
         call.started = True
         out: list[StreamEvent] = [
-            ToolCallStart(index=_FIRST_CALL + i, id=call.id or f"call_{i}", name=call.name)
+            ToolCallStart(index=_FIRST_CALL + i, id=self._ids.take(call.id), name=call.name)
         ]
         if text := "".join(call.pending):
             out.append(ToolCallDelta(index=_FIRST_CALL + i, arguments=text))
@@ -457,11 +477,12 @@ def _arguments(name: str, text: str) -> dict[str, Any]:
     the same arguments in a stream)."""
     value: Any = None
     try:
-        value = json.loads(text.strip() or "{}")
+        value = loads(text.strip() or "{}")
     except ValueError:
         pass
     if not isinstance(value, dict):
-        raise cut_short(PROVIDER, f"malformed tool call: {name!r} arguments are not a JSON object")
+        raise cut_short(PROVIDER, f"malformed tool call: {name[:200]!r} arguments are not a "
+                        "JSON object")
     return value
 
 

@@ -1,0 +1,403 @@
+"""Deadlines and caps (``runtime/llm/limits.py``): how much a hostile or broken server can make
+an adapter hold, and for how long. Both adapters, against real loopback servers that stream
+an endless line, an endless event, a flood of valid deltas, a page of HTML; every valid
+event they send is checked against the provider SDK's types first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import tracemalloc
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from runtime.llm import (
+    Fault,
+    LLMError,
+    Message,
+    Request,
+    Response,
+    RetryPolicy,
+    Role,
+    ScriptedModel,
+    StopReason,
+    TextBlock,
+    TextDelta,
+    ToolUse,
+    Usage,
+    assemble,
+    delayed,
+    with_retry,
+)
+from runtime.llm.limits import (
+    DEFAULT_ATTEMPT_TIMEOUT,
+    DEFAULT_CALL_TIMEOUT,
+    MAX_SSE_LINE_BYTES,
+    ReplyLimits,
+)
+from runtime.llm.providers._http import HTTPModel
+from runtime.llm.providers.anthropic import AnthropicModel
+from runtime.llm.providers.openai import OpenAIModel
+
+from .fake_anthropic import check_event, message_body, stream_events
+from .fake_openai import render_chunks, render_completion, validate_chunk, validate_completion
+from .harness import Sleeps, policy
+from .loopback import Exchange, LoopbackServer, Recorded
+
+pytestmark = pytest.mark.anyio
+
+PROVIDERS = ["anthropic", "openai"]
+MODES = ["generate", "stream"]
+MiB = 1024 * 1024
+
+
+def adapter(provider: str, root: str, **kw: Any) -> HTTPModel:
+    kw.setdefault("retry", RetryPolicy(max_attempts=1))
+    if provider == "anthropic":
+        return AnthropicModel("claude-sonnet-4-5", api_key="sk-test", base_url=root, **kw)
+    return OpenAIModel("gpt-4.1", api_key="sk-test", base_url=f"{root}/v1", **kw)
+
+
+def ask() -> Request:
+    return Request(messages=(Message.text(Role.USER, "Hi"),), max_tokens=64)
+
+
+async def run(model: HTTPModel, mode: str) -> Response:
+    return await (model.generate(ask()) if mode == "generate" else assemble(model.stream(ask())))
+
+
+def reply(*blocks: Any, stop: StopReason = StopReason.END_TURN) -> Response:
+    content = tuple(TextBlock(text=b) if isinstance(b, str) else b for b in blocks)
+    return Response(message=Message(role=Role.ASSISTANT, blocks=content), stop_reason=stop,
+                    usage=Usage(input_tokens=3, output_tokens=1), model="m")
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Callable[[Recorded, Exchange], None]], LoopbackServer]]:
+    servers: list[LoopbackServer] = []
+
+    def start(respond: Callable[[Recorded, Exchange], None]) -> LoopbackServer:
+        srv = LoopbackServer(respond).__enter__()
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.__exit__(None, None, None)
+
+
+# -- the wire: valid events, checked against the SDKs ----------------------------------------
+
+
+def sse(name: str | None, data: dict[str, Any] | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data)
+    return ((f"event: {name}\n" if name else "") + f"data: {text}\n\n").encode()
+
+
+def streamed(provider: str, response: Response) -> list[bytes]:
+    """The whole SSE stream of ``response`` in ``provider``'s wire format, event by event."""
+    if provider == "anthropic":
+        events = stream_events(response, model="claude-sonnet-4-5")
+        for name, data in events:
+            check_event(name, data)
+        return [sse(name, data) for name, data in events]
+    chunks = render_chunks(response, include_usage=True)
+    for c in chunks:
+        validate_chunk(c)
+    return [sse(None, c) for c in chunks] + [sse(None, "[DONE]")]
+
+
+def flood(provider: str, piece: str) -> tuple[list[bytes], bytes, list[bytes]]:
+    """(the events that open a text reply, one valid text delta of ``piece``, the events
+    that close it): a server repeats the delta as often as it likes."""
+    whole = streamed(provider, reply(piece))
+    if provider == "anthropic":  # start, block start, one delta, ping, block stop, ...
+        return whole[:2], whole[2], whole[3:]
+    return whole[:1], whole[1], whole[2:]  # role chunk, one content chunk, finish, ...
+
+
+def flooding(provider: str, piece: str = "lorem ipsum ", deltas: int = 2_000,
+             ) -> Callable[[Recorded, Exchange], None]:
+    """A server answering with ``deltas`` valid text deltas (a reply far longer than any
+    test waits for), then a proper end; it stops at once when the client leaves."""
+    head, delta, tail = flood(provider, piece)
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        ex.start_stream()
+        out = ex.handler.wfile
+        for part in itertools.chain(head, itertools.repeat(delta, deltas), tail):
+            out.write(part)
+        out.flush()
+
+    return respond
+
+
+async def slowly(model: HTTPModel, got: list[TextDelta]) -> None:
+    """Read a stream as a consumer with work to do per event (the dialog writing its
+    partial text, say), 5 ms each, keeping the text deltas it got."""
+    async for event in model.stream(ask()):
+        if isinstance(event, TextDelta):
+            got.append(event)
+        await anyio.sleep(0.005)  # the consumer's own work, not a wait for the server
+
+
+# -- 1. buffers that grow with the input: lines, events, bodies ------------------------------
+
+
+def endless(first: bytes, then: bytes, total: int = 64 * MiB) -> tuple[
+        Callable[[Recorded, Exchange], None], threading.Event]:
+    """A 200 event stream of ``first`` then ``then`` repeated, up to ``total`` bytes (then a
+    close), and the event set once all of it went out: far more than any cap."""
+    sent_all = threading.Event()
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        ex.start_stream()
+        out = ex.handler.wfile
+        out.write(first)
+        for _ in range(total // len(then)):
+            out.write(then)
+        out.flush()
+        sent_all.set()
+
+    return respond, sent_all
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_line_without_end_fails_as_malformed_and_holds_one_cap_of_it(
+        serve: Any, provider: str) -> None:
+    respond, sent_all = endless(b"data: ", b"x" * 65536)
+    srv = serve(respond)
+    sleeps = Sleeps()
+    tracemalloc.start()
+    try:
+        with pytest.raises(LLMError) as info:
+            await run(adapter(provider, srv.url, retry=policy(sleeps, attempts=4)), "stream")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    err = info.value
+    assert err.fault is Fault.TERMINAL and err.message.startswith("malformed response")
+    assert "line cap" in err.message and f"{MAX_SSE_LINE_BYTES:,} bytes" in err.message
+    assert len(srv.requests) == 1 and sleeps.waits == []  # terminal: never retried
+    assert peak < 4 * MAX_SSE_LINE_BYTES, f"held {peak:,} bytes"
+    assert not sent_all.is_set(), "the client read all 64 MiB of one line"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_data_lines_without_a_blank_line_fail_at_the_event_cap(
+        serve: Any, provider: str) -> None:
+    respond, sent_all = endless(b"", b"data: " + b"y" * 1000 + b"\n")
+    srv = serve(respond)
+    limits = ReplyLimits(sse_event_bytes=MiB)
+    tracemalloc.start()
+    try:
+        with pytest.raises(LLMError) as info:
+            await run(adapter(provider, srv.url, limits=limits), "stream")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.fault is Fault.TERMINAL
+    assert "event cap" in info.value.message and "1,048,576 bytes" in info.value.message
+    assert peak < 4 * MiB, f"held {peak:,} bytes"
+    assert not sent_all.is_set()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_generate_body_past_the_body_cap_is_malformed_and_not_read_further(
+        serve: Any, provider: str) -> None:
+    total = 64 * MiB
+    sent_all = threading.Event()
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        h = ex.handler
+        h.send_response(200)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(total))
+        h.end_headers()
+        h.wfile.write(b'{"content": "')
+        chunk = b"z" * 65536
+        for _ in range(total // len(chunk)):
+            h.wfile.write(chunk)
+        h.wfile.flush()
+        sent_all.set()
+
+    srv = serve(respond)
+    with pytest.raises(LLMError) as info:
+        await run(adapter(provider, srv.url, limits=ReplyLimits(body_bytes=MiB)), "generate")
+    assert info.value.fault is Fault.TERMINAL and "body cap" in info.value.message
+    assert not sent_all.is_set()
+
+
+def long_reply(provider: str, blocks: tuple[Any, ...], mode: str) -> Callable[
+        [Recorded, Exchange], None]:
+    response = reply(*blocks, stop=StopReason.TOOL_USE if len(blocks) > 1 else
+                     StopReason.END_TURN)
+    if mode == "stream":
+        events = streamed(provider, response)
+
+        def respond(rec: Recorded, ex: Exchange) -> None:
+            ex.start_stream()
+            for e in events:
+                ex.handler.wfile.write(e)
+            ex.handler.wfile.flush()
+
+        return respond
+    if provider == "anthropic":
+        body = message_body(response, model="claude-sonnet-4-5")
+    else:
+        body = render_completion(response)
+        validate_completion(body)
+    return lambda rec, ex: ex.send_json(200, body)
+
+
+@pytest.mark.parametrize("what", ["text", "tool arguments"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_reply_past_the_reply_cap_fails_terminal(
+        serve: Any, provider: str, mode: str, what: str) -> None:
+    """10,000 characters (text, or one call's arguments) against a cap of 5,000: on a stream
+    the call fails as the cap is crossed, not at the end of the reply."""
+    big = "w" * 10_000
+    blocks = (big,) if what == "text" else ("ok", ToolUse(id="call_a", name="save",
+                                                           input={"doc": big}))
+    srv = serve(long_reply(provider, blocks, mode))
+    sleeps = Sleeps()
+    model = adapter(provider, srv.url, limits=ReplyLimits(reply_chars=5_000),
+                    retry=policy(sleeps, attempts=4))
+    with pytest.raises(LLMError) as info:
+        await run(model, mode)
+    err = info.value
+    assert err.fault is Fault.TERMINAL and "reply cap" in err.message
+    assert "5,000 characters" in err.message and "ReplyLimits(reply_chars=" in err.message
+    assert len(srv.requests) == 1 and sleeps.waits == []
+    # the same reply under the cap is fine
+    srv2 = serve(long_reply(provider, blocks, mode))
+    got = await run(adapter(provider, srv2.url, limits=ReplyLimits(reply_chars=20_000)), mode)
+    assert big in (got.message.text_content() + json.dumps(
+        [u.input for u in got.message.tool_uses()]))
+
+
+# -- 2. deadlines: an attempt, a call ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_stream_that_keeps_delivering_ends_at_the_attempts_deadline(
+        serve: Any, provider: str) -> None:
+    """A flood of valid deltas read by a consumer with work to do: almost no time is spent
+    waiting on the network, yet the attempt ends at its wall-clock deadline."""
+    srv = serve(flooding(provider))
+    model = adapter(provider, srv.url, timeout=0.5)
+    got: list[TextDelta] = []
+    with pytest.raises(LLMError) as info:
+        await slowly(model, got)
+    err = info.value
+    assert "deadline of 0.5 s" in err.message and "timeout=seconds" in err.message
+    assert err.fault is Fault.TRANSIENT and err.status is None
+    # 0.5 s of a 5 ms consumer is at most 100 deltas: none is delivered past the deadline,
+    # although one network read brings hundreds of them at once
+    assert 0 < len(got) <= 120
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_stream_that_keeps_delivering_ends_at_the_calls_deadline(
+        serve: Any, provider: str) -> None:
+    srv = serve(flooding(provider))
+    model = adapter(provider, srv.url, retry=RetryPolicy(max_attempts=3, max_elapsed=0.5))
+    got: list[TextDelta] = []
+    with pytest.raises(LLMError) as info:
+        await slowly(model, got)
+    assert 0 < len(got) <= 120
+    err = info.value
+    assert "the call passed its deadline of 0.5 s" in err.message
+    assert "RetryPolicy(max_elapsed=seconds)" in err.message
+    assert err.fault is Fault.TRANSIENT and err.attempts == 1 and len(srv.requests) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_the_calls_deadline_cuts_an_attempt_that_is_running(
+        serve: Any, provider: str, mode: str) -> None:
+    """``max_elapsed`` used to bound only the waits between attempts: a server that holds
+    the request open kept the call for the whole attempt timeout (5 s here)."""
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        ex.hang_until_client_leaves()
+
+    srv = serve(respond)
+    model = adapter(provider, srv.url, timeout=5, retry=RetryPolicy(max_elapsed=0.5))
+    with pytest.raises(LLMError) as info:
+        await run(model, mode)
+    assert "the call passed its deadline of 0.5 s" in info.value.message
+    assert srv.exchanges[0].closed_by_client.wait(5), "the request was left open"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_attempt_that_hangs_ends_at_its_deadline_and_is_retried(
+        serve: Any, provider: str, mode: str) -> None:
+    hang_first = iter([True, False])
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        if next(hang_first):
+            ex.hang_until_client_leaves()
+        elif mode == "stream":
+            ex.start_stream()
+            for e in streamed(provider, reply("ok")):
+                ex.handler.wfile.write(e)
+        else:
+            body = (message_body(reply("ok"), model="claude-sonnet-4-5")
+                    if provider == "anthropic" else render_completion(reply("ok")))
+            ex.send_json(200, body)
+
+    srv = serve(respond)
+    sleeps = Sleeps()
+    got = await run(adapter(provider, srv.url, timeout=0.5, retry=policy(sleeps)), mode)
+    assert got.message.text_content() == "ok" and len(srv.requests) == 2
+    assert len(sleeps.waits) == 1  # the timeout was a transient fault: retried after a wait
+
+
+async def test_the_calls_deadline_holds_for_any_model_behind_with_retry() -> None:
+    """``with_retry`` gives a model with no deadline of its own (a third-party backend, here
+    a scripted one that never stops talking) the same call deadline."""
+    endless_reply = (TextDelta(index=0, text="blah ") for _ in itertools.count())
+    model = with_retry(ScriptedModel([endless_reply]), RetryPolicy(max_elapsed=0.2))
+    with pytest.raises(LLMError) as info:
+        await assemble(model.stream(ask()))
+    assert "the call passed its deadline of 0.2 s" in info.value.message
+    assert info.value.provider == "scripted"
+
+    model = with_retry(ScriptedModel([delayed(60, "too late")]), RetryPolicy(max_elapsed=0.2))
+    with pytest.raises(LLMError, match=r"deadline of 0\.2 s"):
+        await model.generate(ask())
+
+
+def test_the_defaults_are_what_the_docs_say() -> None:
+    model = OpenAIModel("gpt-4.1", api_key="sk-test")
+    assert (DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_CALL_TIMEOUT) == (300.0, 600.0)
+    assert model._seconds == DEFAULT_ATTEMPT_TIMEOUT
+    assert RetryPolicy().max_elapsed == DEFAULT_CALL_TIMEOUT
+    assert ReplyLimits() == ReplyLimits(sse_line_bytes=MiB, sse_event_bytes=4 * MiB,
+                                        body_bytes=16 * MiB, reply_chars=1_000_000)
+    with pytest.raises(ValueError, match="reply_chars"):
+        ReplyLimits(reply_chars=0)
+
+
+# -- 3. a page of HTML answering a stream ------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_html_page_answering_a_stream_is_malformed_and_not_retried(
+        serve: Any, provider: str) -> None:
+    page = b"<!DOCTYPE html><html><body><h1>Welcome to the captive portal</h1></body></html>"
+    srv = serve(lambda rec, ex: ex.send_bytes(200, page, "text/html; charset=utf-8"))
+    sleeps = Sleeps()
+    with pytest.raises(LLMError) as info:
+        await run(adapter(provider, srv.url, retry=policy(sleeps, attempts=4)), "stream")
+    err = info.value
+    assert err.fault is Fault.TERMINAL and "malformed" in err.message
+    assert "text/html" in err.message
+    assert len(srv.requests) == 1 and sleeps.waits == []
