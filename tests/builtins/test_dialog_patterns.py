@@ -109,12 +109,13 @@ async def test_update_argument_cannot_plant_a_runnable_pattern_reference():
         model.add(Reply(tool_calls=[
             call("updateArgument", {"path": where, "updates": {
                 "slot": {"$pattern": admin_wipe.key}}}),
-            call("invoke", {"path": f"{where}/slot", "args": {}}),
+            call("invoke", {"path": f"{where}/slot", "args": {"who": "all"}}),
         ]), "done")
         await inst.send("send", "plant it")
         await rt.settled()
-        _, ran = _results(inst)
-        assert ran["is_error"], ran
+        planted, ran = _results(inst)
+        assert not planted["is_error"]  # written: it is data
+        assert ran["is_error"] and "not a pattern offered to you" in ran["content"], ran
         assert RAN == []
 
 
