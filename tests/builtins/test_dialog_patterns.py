@@ -155,3 +155,28 @@ async def test_a_reused_call_id_still_runs_the_pattern_tool_with_its_new_argumen
         assert echoes == ["one", "two", "three"]
         locations = {json.loads(r["content"])["@resultLocation"] for r in _results(inst)}
         assert len(locations) == 3  # three instances, one per call
+
+
+async def test_a_stored_history_that_reuses_call_ids_still_makes_valid_requests():
+    """Histories stored before ids were minted unique (every reply said call_0)."""
+    def step(n: int) -> list[dict[str, Any]]:
+        return [{"role": "user", "blocks": [{"kind": "text", "text": f"echo {n}"}]},
+                {"role": "assistant", "blocks": [{"kind": "tool_use", "id": "call_0",
+                                                  "name": "echo", "input": {"text": str(n)}}]},
+                {"role": "user", "blocks": [{"kind": "tool_result", "tool_use_id": "call_0",
+                                             "content": str(n)}]},
+                {"role": "assistant", "blocks": [{"kind": "text", "text": f"echoed {n}"}]}]
+
+    model = ScriptedModel(["fine"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(echo_agent)
+        inst.result.key("messages").set(step(1) + step(2))
+        await inst.send("send", "and now?")
+        await rt.settled()
+        [request] = model.requests
+        ids = [b.id for m in request.messages for b in m.tool_uses()]
+        assert len(ids) == 2 and len(set(ids)) == 2
+        answered = [b.tool_use_id for m in request.messages for b in m.blocks
+                    if b.kind == "tool_result"]
+        assert answered == ids  # each result follows its renamed call
+        assert inst.result.key("messages").get()[-1]["blocks"][0]["text"] == "fine"
