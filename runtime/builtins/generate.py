@@ -193,7 +193,7 @@ _FLIGHTS: weakref.WeakKeyDictionary[Runtime, dict[tuple[str, str, str], _Flight]
 _NOTHING: Any = object()
 
 
-class _Run:
+class _GenerationRun:
     __slots__ = ("present", "text", "turn")
 
     def __init__(self, turn: str, text: PartialText) -> None:
@@ -342,7 +342,8 @@ class _Generation:
 
     async def _run(self, rt: Runtime, turn: str, ask: _Ask) -> None:
         rt.lease.hold()
-        run = _Run(turn, PartialText(self.state, float("-inf")))  # the first text shows at once
+        # the first text shows at once
+        run = _GenerationRun(turn, PartialText(self.state, float("-inf")))
         try:
             value = await self._generate(rt, run, self._resolve(rt), ask)
             self._end(rt, turn, value, None)
@@ -362,7 +363,7 @@ class _Generation:
     def _resolve(self, rt: Runtime) -> Model:
         return model_for(self.node.label, self.kind, self.model, rt)
 
-    async def _generate(self, rt: Runtime, run: _Run, model: Model, ask: _Ask) -> Any:
+    async def _generate(self, rt: Runtime, run: _GenerationRun, model: Model, ask: _Ask) -> Any:
         tools = tuple(s.tool for s in self.catalog.values())
         stop = anyio.CancelScope()  # presentResult ends the run: no model call after it
 
@@ -414,10 +415,10 @@ class _Generation:
             raise _Failure(f"the model's answer does not match the schema: {e}") from None
         return value
 
-    def _on_text(self, rt: Runtime, run: _Run, delta: str) -> None:
+    def _on_text(self, rt: Runtime, run: _GenerationRun, delta: str) -> None:
         run.text.feed(rt, run.turn, delta)
 
-    def _on_message(self, rt: Runtime, run: _Run, message: Message) -> None:
+    def _on_message(self, rt: Runtime, run: _GenerationRun, message: Message) -> None:
         if message.role is not Role.ASSISTANT or not message.tool_uses():
             return
         with rt.transaction():  # a step that called tools: the next one streams afresh

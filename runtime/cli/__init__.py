@@ -24,7 +24,7 @@ __all__ = ["COMMANDS", "cli", "main", "run"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("runtime.cli.chat", "Chat in the terminal with a pattern that has a dialog."),
     "run": ("runtime.cli.run", "Run a pattern, send it events, print its result as JSON."),
-    "models": ("runtime.cli.models", "Show the providers, the model catalog and the default."),
+    "models": ("runtime.cli.models_cmd", "Show the providers, the model catalog and the default."),
     "mcp": ("runtime.cli.mcp_serve", "Serve a pattern's handlers as MCP tools over stdio."),
     "eval": ("runtime.cli.eval_cmd", "Run evals across models and report success rates."),
 }

@@ -19,13 +19,13 @@ if TYPE_CHECKING:
         StepLimitError,
     )
     from .llm import LLM
-    from .models import ImportedModel
+    from .model_choice import ImportedModel
     from .state import TokenUsage
 
 _LAZY = {
     "LLM": ".llm",
     "TokenUsage": ".state",
-    "ImportedModel": ".models",
+    "ImportedModel": ".model_choice",
     "Agent": ".agent",
     "AgentState": ".agent",
     **dict.fromkeys(("AgentStateError", "ConversationError", "NotEvaluatedError",

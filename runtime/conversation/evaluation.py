@@ -26,15 +26,12 @@ from . import telemetry
 from .errors import ConversationError, StepLimitError
 from .history import has_pending, unanswered_calls
 from .object_tools import ObjectBinding, ObjectTools
-from .state import State
+from .state import REASONING_EFFORTS, State
 from .static_tools import StaticTools
 from .toolset import Toolset
 from .workspace import WorkspaceTools
 
 __all__ = ["Evaluation", "RunOp"]
-
-_EFFORTS = {"": None, "none": None, "low": "low", "medium": "medium", "high": "high"}
-
 
 @dataclass(frozen=True, slots=True)
 class RunOp:
@@ -159,7 +156,7 @@ class Evaluation:
         if left < 1:
             raise self._limit(limit, state)
         system = state.system()
-        effort = _EFFORTS.get(state.reasoning_effort, state.reasoning_effort)
+        effort = REASONING_EFFORTS.get(state.reasoning_effort, state.reasoning_effort)
         key = state.key
         max_tokens = op.max_tokens
 

@@ -41,9 +41,9 @@ from ..llm.types import Block, Message, Role, TextBlock, Tool, ToolResult, Usage
 from . import history as hist
 from .errors import ConversationError, NotEvaluatedError
 from .evaluation import Evaluation, RunOp
-from .models import ModelChoice
+from .model_choice import ModelChoice
 from .object_tools import ObjectBinding, ObjectTools, method_specs
-from .state import State, TokenUsage
+from .state import REASONING_EFFORTS, State, TokenUsage
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 __all__ = ["LLM", "TokenUsage"]
 
 _Op: TypeAlias = "Callable[[State], State] | RunOp"
-_EFFORTS = ("", "none", "low", "medium", "high")
 
 
 class _Memo:
@@ -207,7 +206,7 @@ class LLM:
         """Set the reasoning effort from the next step on: "low", "medium", "high", or
         "none" (or "") to disable reasoning."""
         effort = effort.strip().lower()
-        if effort not in _EFFORTS:
+        if effort not in REASONING_EFFORTS:
             raise ConversationError(
                 f"reasoning effort {effort!r} is not one the port sends: use 'low', 'medium', "
                 "'high', or 'none' to disable reasoning")

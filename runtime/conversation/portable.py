@@ -29,7 +29,7 @@ import pydantic
 
 from ..llm.types import Message
 from .errors import PortableIdError
-from .models import ImportedModel, ModelChoice, import_object
+from .model_choice import ImportedModel, ModelChoice, import_object
 from .object_tools import ObjectBinding
 from .state import State, TokenUsage
 

@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from ..llm.types import Message, Tool, Usage
-from .models import ModelChoice
+from .model_choice import ModelChoice
 from .object_tools import ObjectBinding
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "State", "TokenUsage"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "REASONING_EFFORTS", "State", "TokenUsage"]
+
+REASONING_EFFORTS: dict[str, str | None] = {
+    "": None, "none": None, "low": "low", "medium": "medium", "high": "high"}
+"""The efforts ``with_reasoning_effort`` takes, and what each sends through the port."""
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. When tools are available, use them to do what is asked "

@@ -11,9 +11,9 @@ and each failure with its transcript (``Report``: a terminal table, Markdown, CS
 from __future__ import annotations
 
 from .core import BaseEval, Eval, ToolCall, evaluation, tool_calls
+from .eval_models import EvalModel, ModelLike, eval_model, scripted
 from .evaluator import DEFAULT_CONCURRENCY, Evaluator
 from .loading import EvalLoadError, evals_in, load_evals
-from .models import EvalModel, ModelLike, eval_model, scripted
 from .patterns import PatternEval, PatternRun
 from .report import (
     CSV_COLUMNS,

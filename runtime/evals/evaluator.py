@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .core import BaseEval, Record, describe_failure
-from .models import EvalModel, Meter, ModelLike, eval_model
+from .eval_models import EvalModel, Meter, ModelLike, eval_model
 from .report import DEFAULT_THRESHOLD, Attempt, EvalResult, Report
 
 if TYPE_CHECKING:
@@ -82,10 +82,6 @@ class Evaluator:
         """Add evals (an eval already added is kept once)."""
         added = tuple(e for e in evals if all(e is not x for x in self.evals))
         return replace(self, evals=self.evals + added)
-
-    def with_eval(self, eval: BaseEval) -> Evaluator:
-        """Add one eval."""
-        return self.with_evals([eval])
 
     def only(self, names: Iterable[str]) -> Evaluator:
         """Keep the evals named ``names`` (an unknown name is a ``KeyError`` listing the
