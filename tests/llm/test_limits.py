@@ -20,6 +20,7 @@ from runtime.llm import (
     Fault,
     LLMError,
     Message,
+    Pause,
     Request,
     Response,
     RetryPolicy,
@@ -373,6 +374,11 @@ async def test_the_calls_deadline_holds_for_any_model_behind_with_retry() -> Non
     model = with_retry(ScriptedModel([delayed(60, "too late")]), RetryPolicy(max_elapsed=0.2))
     with pytest.raises(LLMError, match=r"deadline of 0\.2 s"):
         await model.generate(ask())
+
+    silent = [TextDelta(index=0, text="and then"), Pause(60)]  # a wait the scope must cut
+    model = with_retry(ScriptedModel([silent]), RetryPolicy(max_elapsed=0.2))
+    with pytest.raises(LLMError, match=r"deadline of 0\.2 s"):
+        await assemble(model.stream(ask()))
 
 
 def test_the_defaults_are_what_the_docs_say() -> None:

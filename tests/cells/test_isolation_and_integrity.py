@@ -1,4 +1,5 @@
-"""Regressions of the foundation hardening (issue 6): each test failed on the code before it.
+"""Isolation and integrity of the cell graph under hostile or careless use (each test failed
+on the code before issue 6 fixed it).
 
 Isolation and integrity (scopes, per-task transactions, create-if-absent, links from
 outside, commits that fail after the store, strict equality, argument and result cells,
@@ -92,7 +93,7 @@ def test_scopes_stay_apart_across_two_processes(tmp_path):
     db = tmp_path / "s.db"
     code = textwrap.dedent(f"""
         import anyio, sys
-        from tests.test_hardening import notes
+        from tests.cells.test_isolation_and_integrity import notes
         from runtime import Runtime
         async def main(user, session, value):
             async with Runtime(store="sqlite:///{db}") as rt:
@@ -206,7 +207,7 @@ _RACE = textwrap.dedent("""
     import anyio, sys, time
     from multiprocessing.connection import Client
     from runtime import ConflictError, Runtime
-    from tests.test_hardening import counter
+    from tests.cells.test_isolation_and_integrity import counter
 
     async def trial(db):
         committed = 0
