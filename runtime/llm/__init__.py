@@ -36,11 +36,21 @@ from .events import (
     UsageUpdate,
     assemble,
 )
-from .history import unanswered_calls
+from .history import CallIds, fresh_call_id, repeated_call_ids, unanswered_calls
+from .limits import (
+    DEFAULT_ATTEMPT_TIMEOUT,
+    DEFAULT_CALL_TIMEOUT,
+    MAX_BODY_BYTES,
+    MAX_REPLY_CHARS,
+    MAX_SSE_EVENT_BYTES,
+    MAX_SSE_LINE_BYTES,
+    ReplyLimits,
+)
 from .model import Model
 from .resolve import ModelSettings, model_settings, parse_model_name, resolve_model
 from .retry_policy import (
     NO_RETRY,
+    CallDeadline,
     RetryPolicy,
     parse_retry_after,
     parse_retry_after_ms,
@@ -115,9 +125,15 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DEFAULT_ATTEMPT_TIMEOUT",
+    "DEFAULT_CALL_TIMEOUT",
     "DEFAULT_MAX_STEPS",
     "DEFAULT_MODEL_VAR",
+    "MAX_BODY_BYTES",
     "MAX_MESSAGE_CHARS",
+    "MAX_REPLY_CHARS",
+    "MAX_SSE_EVENT_BYTES",
+    "MAX_SSE_LINE_BYTES",
     "NO_RETRY",
     "TOOL_CANCELLED",
     "AnthropicModel",
@@ -125,6 +141,8 @@ __all__ = [
     "Block",
     "BuildRequest",
     "CacheHint",
+    "CallDeadline",
+    "CallIds",
     "ConfigurationError",
     "Delayed",
     "Execute",
@@ -141,6 +159,7 @@ __all__ = [
     "OpenAIModel",
     "Pause",
     "Reply",
+    "ReplyLimits",
     "Request",
     "Response",
     "RetryPolicy",
@@ -175,6 +194,7 @@ __all__ = [
     "check_base_url",
     "delayed",
     "display_url",
+    "fresh_call_id",
     "is_loopback_host",
     "is_loopback_url",
     "lookup",
@@ -183,6 +203,7 @@ __all__ = [
     "parse_retry_after",
     "parse_retry_after_ms",
     "quota_exhausted",
+    "repeated_call_ids",
     "resolve_model",
     "retry_call",
     "retry_class",

@@ -161,8 +161,9 @@ def _log(
         LOGGER.info(head + "; giving up: %s", *args, reason, extra=extra)
 
 
-class _CallDeadline:
-    """The wall-clock deadline of one call under ``policy`` (module doc)."""
+class CallDeadline:
+    """The wall-clock deadline of one call under ``policy`` (module doc): ``at`` is a time on
+    anyio's clock; ``passed`` says whether it ended the call."""
 
     __slots__ = ("_policy", "_provider", "at", "passed")
 
@@ -179,17 +180,18 @@ class _CallDeadline:
         with anyio.CancelScope(deadline=self.at) as scope:
             yield
         if scope.cancelled_caught:
-            self.passed = True
-            raise self._error()
+            raise self.expired()
 
     def check(self) -> None:
         """Raise the deadline's ``LLMError`` if it has passed: before each event of a
         stream, which may come without any wait the cancel scope could cut."""
         if anyio.current_time() >= self.at:
-            self.passed = True
-            raise self._error()
+            raise self.expired()
 
-    def _error(self) -> LLMError:
+    def expired(self) -> LLMError:
+        """The error that ends the call at its deadline (and ``passed`` set): for a stream
+        that bounds its own waits by ``at`` to raise when one of them runs out."""
+        self.passed = True
         seconds = self._policy.max_elapsed
         return LLMError(
             f"the call passed its deadline of {seconds:g} s (wall-clock, every attempt and "
@@ -208,7 +210,7 @@ async def retry_call(
 ) -> T:
     """Run ``call`` until it succeeds, a terminal fault occurs, or the policy's bounds run
     out; ``provider`` names who failed when the deadline ends the call."""
-    deadline = _CallDeadline(policy, provider)
+    deadline = CallDeadline(policy, provider)
     started = policy.clock()
     attempt = 0
     while True:
@@ -232,17 +234,27 @@ async def retry_call(
 
 
 async def retry_stream(
-    open_stream: Callable[[], AsyncIterator[T]], policy: RetryPolicy, *, provider: str = "model"
+    open_stream: Callable[[], AsyncIterator[T]],
+    policy: RetryPolicy,
+    *,
+    provider: str = "model",
+    deadline: CallDeadline | None = None,
 ) -> AsyncGenerator[T, None]:
     """Yield from ``open_stream()``, reopening it after a transient fault that struck before
-    the first event. After output has been delivered a fault propagates as is. The call's
-    deadline is wall-clock: each wait for the next event runs under it, and an event that
-    arrives after it (the consumer's own time counts) ends the call instead.
+    the first event. After output has been delivered a fault propagates as is.
+
+    The call's deadline is wall-clock: each wait for the next event runs under it, and an
+    event that arrives after it (the consumer's own time counts) ends the call instead. A
+    caller whose streams already hold every wait to the deadline passes it as ``deadline``
+    (``CallDeadline(policy, provider)``, raising ``deadline.expired()`` when a wait runs
+    out), which spares a cancel scope per event: the HTTP adapters, whose every network
+    read runs in one.
 
     Closing this generator (a consumer that stops early, a cancelled scope) closes the
     stream it is reading at once, so the provider's HTTP response is released before
     ``aclose()`` returns rather than whenever the garbage collector finalises it."""
-    deadline = _CallDeadline(policy, provider)
+    bounded = deadline is not None
+    deadline = deadline or CallDeadline(policy, provider)
     started = policy.clock()
     attempt = 0
     while True:
@@ -254,7 +266,7 @@ async def retry_stream(
             async with closing:
                 events = aiter(stream)
                 while True:
-                    with deadline.within():  # never open across the yield below
+                    with nullcontext() if bounded else deadline.within():  # not across yield
                         try:
                             item = await anext(events)
                         except StopAsyncIteration:

@@ -26,12 +26,15 @@ body, so the type of the underlying error is named in the message instead.
 Time. Every call has two wall-clock deadlines, both anyio cancel scopes (``limits``):
 ``timeout`` bounds one attempt, from connecting to the reply's last byte, and the retry
 policy's ``max_elapsed`` bounds the call, all attempts and the waits between them (the retry
-layer holds that one). The attempt's deadline is a point in time fixed when it starts
-(``Deadline``); every wait on the network (connecting, sending, each read of the body) runs
-in a cancel scope that ends at that point, so a server that trickles a byte at a time, one
-that floods valid events forever and one that hangs all end at the same moment, and no
-scope is ever open across a ``yield`` to the consumer (whose time between events counts,
-as the clock does not stop for it).
+layer's ``CallDeadline``). The attempt's deadline is a point in time fixed when it starts
+(``Deadline``; for a stream, the call's if that comes first); every wait on the network
+(connecting, sending, each read of the body) runs in a cancel scope that ends at that point,
+and a stream's every event is checked against it, so a server that trickles a byte at a
+time, one that floods valid events forever and one that hangs all end at the same moment.
+No scope is ever open across a ``yield`` to the consumer, whose time between events counts
+(the clock does not stop for it). A ``generate`` attempt runs whole inside the retry
+layer's scope for the call; a stream's waits carry the call's deadline themselves, which
+spares the retry layer a cancel scope per event.
 
 Size. Everything that grows with a reply is capped (``ReplyLimits``): a stream's lines and
 events (``_sse``), a ``generate`` body (``body_bytes``), and the characters of text and tool
@@ -69,6 +72,7 @@ from ..errors import ConfigurationError, Fault, LLMError, cap_message, quota_exh
 from ..events import StreamEvent, TextDelta, ToolCallDelta
 from ..limits import ReplyLimits
 from ..retry_policy import (
+    CallDeadline,
     RetryPolicy,
     parse_retry_after,
     parse_retry_after_ms,
@@ -209,13 +213,17 @@ def detached(error: LLMError) -> LLMError:
 
 
 class Deadline:
-    """The point in time (anyio's clock) one attempt must end by (module doc)."""
+    """The point in time (anyio's clock) one attempt must end by (module doc): ``seconds``
+    from now, or the call's deadline if that comes first (then ``call`` is what ran out)."""
 
-    __slots__ = ("at", "seconds")
+    __slots__ = ("at", "call", "seconds")
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, call: CallDeadline | None = None) -> None:
         self.seconds = seconds
         self.at = anyio.current_time() + seconds
+        self.call = None
+        if call is not None and call.at <= self.at:
+            self.at, self.call = call.at, call
 
     def passed(self) -> bool:
         return anyio.current_time() >= self.at
@@ -328,8 +336,9 @@ class HTTPModel(ABC):
 
     async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
         body = self.encode(request, stream=True)
-        events = retry_stream(lambda: self._stream_attempt(body), self._retry,
-                              provider=self.PROVIDER)
+        call = CallDeadline(self._retry, self.PROVIDER)  # every network wait is held to it
+        events = retry_stream(lambda: self._stream_attempt(body, call), self._retry,
+                              provider=self.PROVIDER, deadline=call)
         async with aclosing(events):
             try:
                 async for event in events:
@@ -351,16 +360,17 @@ class HTTPModel(ABC):
             raise self._too_large()
         return response
 
-    async def _stream_attempt(self, body: bytes) -> AsyncIterator[StreamEvent]:
-        """One streaming attempt under its deadline, checked at every network wait and
-        before every event (one read may hold hundreds: a slow consumer must not outlive
-        the deadline by their sum), its reply held to ``reply_chars``."""
-        deadline = Deadline(self._seconds)
+    async def _stream_attempt(self, body: bytes, call: CallDeadline) -> AsyncIterator[StreamEvent]:
+        """One streaming attempt under its deadline (or the call's, if sooner), checked at
+        every network wait and before every event (one read may hold hundreds: a slow
+        consumer must not outlive the deadline by their sum), its reply held to
+        ``reply_chars``."""
+        deadline = Deadline(self._seconds, call)
         left = self._limits.reply_chars
         async with aclosing(self._stream_once(body, deadline)) as events:
             async for event in events:
                 if deadline.passed():
-                    raise self._timed_out()
+                    raise self._timed_out(deadline)
                 if type(event) is TextDelta:
                     left -= len(event.text)
                 elif type(event) is ToolCallDelta:
@@ -423,7 +433,7 @@ class HTTPModel(ABC):
         except httpx.HTTPError as e:
             failure = self._transport_error(e)
         except TimeoutError:
-            failure = self._timed_out()
+            failure = self._timed_out(deadline)
         if failure is not None:
             raise failure
         response.stream = _DeadlineStream(response.stream, deadline)  # type: ignore[arg-type]
@@ -440,7 +450,7 @@ class HTTPModel(ABC):
             except httpx.HTTPError as e:
                 failure = self._transport_error(e)
             except TimeoutError:
-                failure = self._timed_out()
+                failure = self._timed_out(deadline)
             if failure is not None:
                 raise failure
         finally:
@@ -485,7 +495,9 @@ class HTTPModel(ABC):
             message = f"{message} (POST {display_url(self._url)}: is the base URL right?)"
         return self._error(message, fault, status, retry_after(response.headers))
 
-    def _timed_out(self) -> LLMError:
+    def _timed_out(self, deadline: Deadline) -> LLMError:
+        if deadline.call is not None:  # the call's deadline came first
+            return deadline.call.expired()
         return self._error(
             f"timed out talking to {self._where}: the attempt passed its deadline of "
             f"{self._seconds:g} s (wall-clock, connecting to the reply's last byte); raise it "
