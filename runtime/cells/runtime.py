@@ -8,7 +8,6 @@ instance it runs for with ``current_runtime()`` / ``current_instance()``.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from enum import Enum
@@ -128,7 +127,6 @@ class Runtime:
         self._work: anyio.Event | None = None  # the pump's, while it waits for events
         self.scheduler = Scheduler(self.docs, wake=self._poke, max_chain=max_event_chain)
         self._running = Registry(self.docs)  # the instances, indexed by their documents
-        self._named: dict[str, Pattern] = {}  # only for the deprecated pattern_named
         self._tg: TaskGroup | None = None
         self._state = _State.NEW
         self._inflight = 0
@@ -255,7 +253,6 @@ class Runtime:
         for stream in builder.streams:
             stream.owner = inst
         self._running.add(inst, builder.streams, placed)
-        self._named.update((p.key, p) for p in placed.values())
         return inst
 
     def stop(self, instance: Instance) -> None:
@@ -392,14 +389,6 @@ class Runtime:
         shape written by a handler or a model is data, and runs nothing. ``path`` is the
         place itself, links already followed (as ``Documents.resolve`` returns it)."""
         return self._running.pattern_at(key, path)
-
-    def pattern_named(self, key: str) -> Pattern | None:
-        """Deprecated: a name is not a capability (issue 14, defect 5); use ``pattern_at``.
-        Kept only until the builtins no longer call it."""
-        warnings.warn("Runtime.pattern_named is deprecated: look a pattern up by where it "
-                      "was placed, with Runtime.pattern_at(key, path)", DeprecationWarning,
-                      stacklevel=2)
-        return self._named.get(key)
 
     def deliver(self, stream: Stream, event: Any) -> None:
         """Run ``stream``'s handler on ``event`` now, inside this task's open transaction

@@ -190,8 +190,8 @@ async def test_the_indexes_agree_with_what_runs_through_many_runs_and_stops():
                 assert rt.stream_at(old.key) is new
 
 
-async def test_pattern_named_is_a_deprecated_alias():
+async def test_there_is_no_lookup_of_a_pattern_by_name():
+    """A name is not a capability: the old registry lookup is gone."""
     async with Runtime() as rt:
         rt.run(board)
-        with pytest.deprecated_call():
-            assert rt.pattern_named("tests.admin_only") is admin_only
+        assert not hasattr(rt, "pattern_named")
