@@ -36,7 +36,13 @@ from .events import (
     UsageUpdate,
     assemble,
 )
-from .history import CallIds, fresh_call_id, repeated_call_ids, unanswered_calls
+from .history import (
+    CallIds,
+    fresh_call_id,
+    repeated_call_ids,
+    unanswered_calls,
+    with_unique_call_ids,
+)
 from .limits import (
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_CALL_TIMEOUT,
@@ -214,4 +220,5 @@ __all__ = [
     "supported_image_media_type",
     "unanswered_calls",
     "with_retry",
+    "with_unique_call_ids",
 ]

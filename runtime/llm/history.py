@@ -14,7 +14,8 @@ from typing import Any
 
 from .types import Message, Role, ToolResult, ToolUse
 
-__all__ = ["CallIds", "fresh_call_id", "repeated_call_ids", "unanswered_calls"]
+__all__ = ["CallIds", "fresh_call_id", "repeated_call_ids", "unanswered_calls",
+           "with_unique_call_ids"]
 
 HistoryItem = Message | Mapping[str, Any]
 """A message of a history: a ``Message`` or its JSON form (``model_dump(mode="json")``)."""
@@ -73,6 +74,39 @@ class CallIds:
     def of(cls, history: Sequence[HistoryItem]) -> CallIds:
         """The ids already used by the calls of ``history``."""
         return cls(cid for message in history for cid in _call_ids(message))
+
+
+def with_unique_call_ids(history: Sequence[Message]) -> tuple[Message, ...]:
+    """``history`` with every reused tool call id replaced by a fresh one, and the results
+    that answer each such call pointed at its new id: a history stored before ids were kept
+    unique (an adapter once named every reply's calls ``call_0``...) made valid again, so
+    ``Request`` takes it. A result belongs to the call of the same id in the last assistant
+    message before it (in call order, if that message repeated the id). The history itself
+    when nothing is reused."""
+    if not repeated_call_ids(history):
+        return tuple(history)
+    ids = CallIds()
+    renamed: dict[str, list[str]] = {}  # the last assistant message's old id -> new ids
+    out: list[Message] = []
+    for message in history:
+        blocks = list(message.blocks)
+        if message.role is Role.ASSISTANT:
+            renamed = {}
+            for i, b in enumerate(blocks):
+                if isinstance(b, ToolUse):
+                    new = ids.take(b.id)
+                    renamed.setdefault(b.id, []).append(new)
+                    if new != b.id:
+                        blocks[i] = b.model_copy(update={"id": new})
+        else:
+            for i, b in enumerate(blocks):
+                if isinstance(b, ToolResult) and renamed.get(b.tool_use_id):
+                    new = renamed[b.tool_use_id].pop(0)
+                    if new != b.tool_use_id:
+                        blocks[i] = b.model_copy(update={"tool_use_id": new})
+        out.append(message if blocks == list(message.blocks) else
+                   message.model_copy(update={"blocks": tuple(blocks)}))
+    return tuple(out)
 
 
 def _role(message: HistoryItem) -> Any:

@@ -30,7 +30,13 @@ from runtime.llm import (
     assemble,
     run_steps,
 )
-from runtime.llm.history import CallIds, fresh_call_id, repeated_call_ids
+from runtime.llm.history import (
+    CallIds,
+    fresh_call_id,
+    repeated_call_ids,
+    unanswered_calls,
+    with_unique_call_ids,
+)
 from runtime.llm.providers._http import HTTPModel
 from runtime.llm.providers.anthropic import AnthropicModel
 from runtime.llm.providers.openai import OpenAIModel
@@ -247,3 +253,31 @@ async def test_an_id_less_server_across_steps_gives_a_valid_history(serve: Any) 
     sent = [[c["id"] for m in r.body["messages"] for c in m.get("tool_calls") or ()]
             for r in srv.requests]
     assert len(sent[2]) == 2 and len(set(sent[2])) == 2
+
+
+def test_a_stored_history_that_reused_ids_is_made_valid_with_each_result_following_its_call(
+        ) -> None:
+    """What the OpenAI adapter stored before: call_0 in every reply. Each call gets an id of
+    its own and the results that answered it follow it; then Request takes the history."""
+    def asked(*names: str) -> Message:
+        return Message(role=Role.ASSISTANT, blocks=tuple(
+            ToolUse(id=f"call_{i}", name=n) for i, n in enumerate(names)))
+
+    def answered(*contents: str) -> Message:
+        return Message(role=Role.USER, blocks=tuple(
+            ToolResult(tool_use_id=f"call_{i}", content=c) for i, c in enumerate(contents)))
+
+    old = [Message.text(Role.USER, "go"), asked("a", "b"), answered("A", "B"),
+           asked("c"), answered("C"), Message.text(Role.USER, "and?"), asked("d")]
+    with pytest.raises(ValidationError):
+        Request(messages=tuple(old))
+    fixed = with_unique_call_ids(old)
+    Request(messages=fixed)
+    pairs = {b.tool_use_id: b.content for m in fixed for b in m.blocks
+             if isinstance(b, ToolResult)}
+    calls = {b.name: b.id for m in fixed for b in m.blocks if isinstance(b, ToolUse)}
+    assert {n: pairs.get(i) for n, i in calls.items()} == {"a": "A", "b": "B", "c": "C",
+                                                             "d": None}
+    assert fixed[:3] == tuple(old[:3])  # the first use of an id keeps it
+    assert unanswered_calls(fixed) == [calls["d"]]
+    assert with_unique_call_ids(fixed) == fixed
