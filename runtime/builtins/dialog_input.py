@@ -104,11 +104,20 @@ def load_history(raw: Any) -> tuple[Message, ...]:
         raise PatternError(f"the dialog's messages cell holds {type(raw).__name__}, not a "
                            "list of messages")
     try:
-        history = [Message.model_validate(scrub(m)) for m in raw]
+        history = [_message(m) for m in raw]
     except ValueError as e:
         raise PatternError(f"the dialog's messages cell holds something that is not a "
                            f"message: {_short(str(e), 300)}") from None
     return tuple(_distinct_call_ids(history))
+
+
+def _message(raw: Any) -> Message:
+    """One stored message; only one the vocabulary refuses is read again repaired (the
+    vocabulary refuses lone surrogates, so valid text costs no second walk)."""
+    try:
+        return Message.model_validate(raw)
+    except ValueError:
+        return Message.model_validate(scrub(raw))
 
 
 def _distinct_call_ids(history: list[Message]) -> list[Message]:

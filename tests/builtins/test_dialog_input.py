@@ -84,3 +84,31 @@ async def test_a_surrogate_in_one_users_cell_never_bricks_another_users_dialog()
         await rt.settled()
         assert bob.result.key("error").get() is None
         assert [m.text_content() for m in assert_valid_history(bob)] == ["hello", "fine"]
+
+
+async def test_a_history_stored_with_a_surrogate_before_the_boundary_still_works(tmp_path):
+    """Written by an older version (the boundary refuses it now): read back repaired."""
+    from runtime.storage import Write, open_store
+
+    db = tmp_path / "old.db"
+    async with Runtime(store=f"sqlite:///{db}") as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        key = inst.result.key("messages").resolve().doc_key
+    store = open_store(f"sqlite:///{db}")
+    try:
+        stored = store.load(key)
+        assert stored is not None
+        old = [{"role": "user", "blocks": [{"kind": "text", "text": "bad \ud800 text"}]},
+               {"role": "assistant", "blocks": [{"kind": "text", "text": "ok"}]}]
+        store.commit([Write(key, old, expect=stored.version)])
+    finally:
+        store.close()
+    model = ScriptedModel(["still fine"])
+    async with Runtime(store=f"sqlite:///{db}", model=model) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        await inst.send("send", "next")
+        await rt.settled()
+        assert inst.result.key("error").get() is None
+        [request] = model.requests
+        assert request.messages[0].text_content() == "bad \ufffd text"
+        assert inst.result.key("messages").get()[-1]["blocks"][0]["text"] == "still fine"
