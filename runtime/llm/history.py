@@ -2,8 +2,14 @@
 
 A history is a sequence of messages, held either as port ``Message``s (the step engine, the
 conversation object) or as their JSON (``Message.model_dump(mode="json")``: what the dialog
-keeps in a cell). The rules here read both forms, so the dialog and the conversation object
-cannot come to disagree about what, say, an unanswered call is.
+keeps in a cell). The rules that judge a history (``unanswered_calls``,
+``repeated_call_ids``) read both forms, so the dialog and the conversation object cannot come
+to disagree about what, say, an unanswered call is.
+
+Tool call ids: a history never holds one twice (``Request`` refuses one that does), as the id
+is what pairs a call with its result. ``CallIds`` is how ids are given out where a server
+sends none or repeats one (the adapters) and where a reply's ids collide with the history
+(the step engine); ``with_unique_call_ids`` mends a history stored before the rule.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from runtime.llm import (
     Fault,
@@ -42,6 +44,7 @@ from runtime.llm.limits import (
     ReplyLimits,
 )
 from runtime.llm.providers._http import HTTPModel
+from runtime.llm.providers._sse import SSEDecoder, SSEEvent
 from runtime.llm.providers.anthropic import AnthropicModel
 from runtime.llm.providers.openai import OpenAIModel
 
@@ -407,3 +410,25 @@ async def test_an_html_page_answering_a_stream_is_malformed_and_not_retried(
     assert err.fault is Fault.TERMINAL and "malformed" in err.message
     assert "text/html" in err.message
     assert len(srv.requests) == 1 and sleeps.waits == []
+
+
+# -- the SSE decoder: bounded, and blind to how the bytes are cut ----------------------------
+
+SSE_STREAM = (b": comment\r\nevent: a\r\ndata: one\r\ndata:  two\r\n\r\n"
+              b"data: \xc3\xa9t\xc3\xa9\n\nevent: b\rdata: x\r\r"
+              b"data: cut off at the end")
+
+
+def test_the_sse_decoder_reads_every_line_ending_and_no_partial_event() -> None:
+    events = SSEDecoder("p").feed(SSE_STREAM)
+    assert events == [SSEEvent("a", "one\n two"), SSEEvent("message", "été"),
+                      SSEEvent("b", "x")]
+
+
+@given(st.lists(st.integers(0, len(SSE_STREAM)), max_size=12))
+def test_the_sse_decoder_gives_the_same_events_however_the_bytes_are_cut(
+        cuts: list[int]) -> None:
+    bounds = [0, *sorted(cuts), len(SSE_STREAM)]
+    decoder = SSEDecoder("p")
+    got = [e for a, b in itertools.pairwise(bounds) for e in decoder.feed(SSE_STREAM[a:b])]
+    assert got == SSEDecoder("p").feed(SSE_STREAM)

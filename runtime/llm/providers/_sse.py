@@ -83,9 +83,10 @@ class SSEDecoder:
                             "bytes (the line cap: the server sent no line end)")
 
     def _take_line(self, raw: bytes) -> SSEEvent | None:
-        if not raw:
-            event = SSEEvent(self._event or "message", "\n".join(self._data)) \
-                if self._data else None
+        if not raw:  # a blank line ends the event
+            event = None
+            if self._data:
+                event = SSEEvent(self._event or "message", "\n".join(self._data))
             self._event, self._data, self._size = "", [], 0
             return event
         line = raw.decode("utf-8", "replace")
