@@ -21,8 +21,7 @@ from typing import Any
 from .._text import describe_surrogate, has_surrogate, scrub
 from ..cells import is_link
 from ..errors import PatternError
-from ..llm import ImageBlock, Message, Role, TextBlock, ToolResult, ToolUse
-from ..llm.history import CallIds, repeated_call_ids
+from ..llm import ImageBlock, Message, Role, TextBlock, with_unique_call_ids
 from ..llm.safety import SUPPORTED_IMAGE_MEDIA_TYPES, supported_image_media_type
 
 __all__ = ["MAX_MESSAGE_CHARS", "inert", "inert_message", "load_history", "user_message"]
@@ -108,7 +107,9 @@ def load_history(raw: Any) -> tuple[Message, ...]:
     except ValueError as e:
         raise PatternError(f"the dialog's messages cell holds something that is not a "
                            f"message: {_short(str(e), 300)}") from None
-    return tuple(_distinct_call_ids(history))
+    # a call reusing an earlier call's id (stored before servers' missing ids were minted
+    # unique) gets a fresh one, and so do its results: Request refuses a repeated id
+    return with_unique_call_ids(history)
 
 
 def _message(raw: Any) -> Message:
@@ -118,40 +119,6 @@ def _message(raw: Any) -> Message:
         return Message.model_validate(raw)
     except ValueError:
         return Message.model_validate(scrub(raw))
-
-
-def _distinct_call_ids(history: list[Message]) -> list[Message]:
-    """``history`` with each tool call id used once: a call that reuses an earlier call's
-    id (stored before servers' missing ids were minted unique) gets a fresh one, and so do
-    the results that answer it in the message after it. A request refuses a history that
-    uses an id twice; this keeps such a stored history usable."""
-    if not repeated_call_ids(history):
-        return history
-    ids = CallIds()
-    out = list(history)
-    for i, message in enumerate(out):
-        calls = message.tool_uses()
-        if not calls:
-            continue
-        renamed = {}
-        blocks = []
-        for b in message.blocks:
-            if isinstance(b, ToolUse):
-                new = ids.take(b.id)
-                if new != b.id:
-                    renamed[b.id] = new
-                    b = b.model_copy(update={"id": new})
-            blocks.append(b)
-        if not renamed:
-            continue
-        out[i] = message.model_copy(update={"blocks": tuple(blocks)})
-        if i + 1 < len(out):
-            after = out[i + 1]
-            out[i + 1] = after.model_copy(update={"blocks": tuple(
-                b.model_copy(update={"tool_use_id": renamed[b.tool_use_id]})
-                if isinstance(b, ToolResult) and b.tool_use_id in renamed else b
-                for b in after.blocks)})
-    return out
 
 
 def inert_message(message: dict[str, Any]) -> dict[str, Any]:

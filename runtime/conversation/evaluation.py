@@ -20,11 +20,12 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from ..llm.history import unanswered_calls
 from ..llm.steps import DEFAULT_MAX_STEPS, StepSink, StepsStatus, run_steps
 from ..llm.types import CacheHint, Message, Request, Tool, ToolUse, Usage
 from . import telemetry
 from .errors import ConversationError, StepLimitError
-from .history import has_pending, unanswered_calls
+from .history import has_pending
 from .object_tools import ObjectBinding, ObjectTools
 from .state import REASONING_EFFORTS, State
 from .static_tools import StaticTools
@@ -139,7 +140,7 @@ class Evaluation:
         if not has_pending(history):
             waiting = unanswered_calls(history)
             if waiting:
-                ids = ", ".join(repr(c.id) for c in waiting)
+                ids = ", ".join(repr(i) for i in waiting)
                 raise ConversationError(
                     f"the last reply has tool calls without results ({ids}): answer them "
                     "with with_tool_result(call_id, content, errored) before stepping")

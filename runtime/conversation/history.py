@@ -19,7 +19,6 @@ __all__ = [
     "has_pending",
     "last_reply",
     "transcript",
-    "unanswered_calls",
 ]
 
 _CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text and JSON
@@ -41,16 +40,6 @@ def append(history: tuple[Message, ...], message: Message) -> tuple[Message, ...
 def has_pending(history: Sequence[Message]) -> bool:
     """An unsent prompt or unsent tool results: the last message is the user's."""
     return bool(history) and history[-1].role is Role.USER
-
-
-def unanswered_calls(history: Sequence[Message]) -> list[ToolUse]:
-    """Tool calls of the last assistant message that no later message answers."""
-    for i in range(len(history) - 1, -1, -1):
-        if history[i].role is Role.ASSISTANT:
-            answered = {b.tool_use_id for m in history[i + 1:] for b in m.blocks
-                        if isinstance(b, ToolResult)}
-            return [c for c in history[i].tool_uses() if c.id not in answered]
-    return []
 
 
 def last_reply(history: Sequence[Message]) -> str | None:

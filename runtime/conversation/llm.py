@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import anyio
 
 from ..llm import catalog
+from ..llm.history import unanswered_calls
 from ..llm.model import Model
 from ..llm.types import Block, Message, Role, TextBlock, Tool, ToolResult, Usage
 from . import history as hist
@@ -178,9 +179,9 @@ class LLM:
         """Append the result of the tool call ``call_id`` of the last reply."""
 
         def apply(s: State) -> State:
-            waiting = hist.unanswered_calls(s.history)
-            if call_id not in {c.id for c in waiting}:
-                ids = ", ".join(repr(c.id) for c in waiting) or "none"
+            waiting = unanswered_calls(s.history)
+            if call_id not in waiting:
+                ids = ", ".join(repr(i) for i in waiting) or "none"
                 raise ConversationError(
                     f"with_tool_result: no tool call {call_id!r} awaits a result; the calls "
                     f"of the last reply still without one: {ids}")

@@ -207,14 +207,14 @@ async def run_steps(
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
     past = list(history)
-    run = _Run(model, build_request, execute, past, sink or StepSink(), CallIds.of(past))
+    run = _StepLoop(model, build_request, execute, past, sink or StepSink(), CallIds.of(past))
     outcome = await run.loop(max_steps)
     await _emit(run.sink.on_end, outcome)
     return outcome
 
 
 @dataclass
-class _Run:
+class _StepLoop:
     model: Model
     build_request: BuildRequest
     execute: Execute
