@@ -4,7 +4,6 @@ issue 7: turns, handler tools, presentResult, cancellation, errors, scopes)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -12,9 +11,10 @@ import pytest
 from pydantic import BaseModel
 
 from runtime import PatternError, Runtime, cell, handler, lift, llm_dialog, pattern
-from runtime.llm import Message, Reply, Request, ScriptedModel, StreamEvent, call
+from runtime.llm import Message, Reply, Request, ScriptedModel, call
 
 from ..llm.test_steps import assert_valid_for_both_providers
+from .support import Gate
 
 pytestmark = pytest.mark.anyio
 
@@ -78,31 +78,6 @@ async def test_the_second_request_carries_the_whole_history_and_the_context():
         assert [t.name for t in second.tools] == [
             "addItem", "read", "invoke", "schema", "pin", "unpin", "updateArgument"]
         assert second.tools[0].input_schema["properties"]["title"]["type"] == "string"
-
-
-class Gate:
-    """A model whose replies wait until the test opens the gate (a reply held open)."""
-
-    provider = "scripted"
-    name = "gate"
-
-    def __init__(self, script: list[Any]) -> None:
-        self.inner = ScriptedModel(script)
-        self.opened = anyio.Event()
-        self.started = anyio.Event()
-
-    @property
-    def requests(self) -> list[Request]:
-        return self.inner.requests
-
-    async def generate(self, request: Request) -> Any:  # pragma: no cover - streams only
-        raise NotImplementedError
-
-    async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
-        self.started.set()
-        await self.opened.wait()
-        async for event in self.inner.stream(request):
-            yield event
 
 
 async def test_a_message_while_pending_is_ignored_and_counted():
