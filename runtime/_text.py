@@ -56,7 +56,7 @@ def describe_surrogate(text: str, where: str) -> str:
 
 def scrub_text(text: str) -> str:
     """``text`` with each lone surrogate replaced by U+FFFD (the same string when none)."""
-    if not has_surrogate(text):
+    if text.isascii() or not has_surrogate(text):
         return text
     return "".join(REPLACEMENT if "\ud800" <= ch <= "\udfff" else ch for ch in text)
 
@@ -66,7 +66,7 @@ def scrub(value: Any) -> Any:
     itself when nothing needed replacing."""
     t = type(value)
     if t is str:
-        return scrub_text(value)
+        return value if value.isascii() else scrub_text(value)
     if t is dict:
         out = {scrub_text(k) if type(k) is str else k: scrub(v) for k, v in value.items()}
         return value if all(a is b for a, b in zip(value.values(), out.values(), strict=False)

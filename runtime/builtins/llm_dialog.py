@@ -182,7 +182,7 @@ class _TurnRun:
     """What one turn's task keeps to itself (a cancelled turn still winding down never
     shares it with the next one)."""
 
-    __slots__ = ("management", "outputs", "positions", "present", "results", "step",
+    __slots__ = ("calls", "management", "outputs", "present", "results", "step",
                  "steps", "text", "turn_id", "usage")
 
     def __init__(self, turn_id: str, step: StepCommit, text: PartialText) -> None:
@@ -195,7 +195,7 @@ class _TurnRun:
         self.results: dict[str, ToolResult] = {}  # the step's calls that finished, by id
         self.outputs = False  # a handler tool of this step answered through tool_output
         self.steps = 0  # assistant messages stored so far in this turn
-        self.positions: dict[str, int] = {}  # the step's calls: id -> position in the reply
+        self.calls: list[ToolUse] = []  # the step's calls, in the reply's order
 
 
 class _DialogNode:
@@ -389,14 +389,14 @@ class _DialogNode:
     def _append_reply(self, rt: Runtime, run: _TurnRun, message: Message) -> None:
         calls = message.tool_uses()
         run.results.clear()  # a new step: its calls have not run yet
-        run.positions = {c.id: i for i, c in enumerate(calls)}
+        run.calls = calls
         run.steps += 1
         if calls and all(self._inline(c) for c in calls):
             tx = run.step.begin_inline()
             with tx.bound():
                 kept = self._write_reply(rt, run, message)
             if not kept:
-                run.step.finish()  # only the spent tokens: the guard let nothing else in
+                run.step.abort()  # the guard let nothing in
                 run.step.phase = TurnPhase.DEAD
             return
         with rt.transaction():  # one commit: the message and its call's usage
@@ -405,15 +405,16 @@ class _DialogNode:
 
     def _write_reply(self, rt: Runtime, run: _TurnRun, message: Message) -> bool:
         """Inside a transaction: the assistant's reply; False if the turn may no longer
-        write (a late reply to a cancelled or replaced turn lands nowhere)."""
-        self._flush_usage(run)
+        write (a late reply to a cancelled or replaced turn lands nowhere). The turn's usage
+        is written with its last commit, not at every step."""
         if not self._owns(rt, run):
             return False
         self.messages.push(inert_message(message.model_dump(mode="json")))
         run.text.reset()
         if not message.tool_uses():
             # the final reply (the engine completes on a reply without calls): the turn
-            # ends in the commit that stores it
+            # ends in the commit that stores it, with what it spent
+            self._flush_usage(run)
             self._end_writes(run, None)
             run.step.phase = TurnPhase.ENDED
         return True
@@ -535,7 +536,7 @@ class _DialogNode:
         assert spec.pattern is not None
         scope = self.node.scope
         where = ["tool call", self.node.cause, run.turn_id, run.steps,
-                 run.positions.get(call.id, -1)]
+                 next((i for i, c in enumerate(run.calls) if c.id == call.id), -1)]
         inst = rt.run(spec.pattern, call.input, space=self.node.space, user=scope.user,
                       session=scope.session, cause=where)
         return {"@resultLocation": inst.result.link()["@link"],

@@ -141,7 +141,10 @@ class Assembler:
                     f"tool call {name[:200]!r} arguments are not JSON ({e.msg})") from None
             if not isinstance(args, dict):
                 raise self._bad(f"tool call {name[:200]!r} arguments are not a JSON object")
-            blocks[i] = ToolUse(id=scrub_text(cid), name=name, input=scrub(args))
+            # JSON text that is ASCII without a \u escape cannot decode to a surrogate
+            if not raw.isascii() or "\\u" in raw:
+                args = scrub(args)
+            blocks[i] = ToolUse(id=scrub_text(cid), name=name, input=args)
         blocks.update(self._opaque)
         message = Message(role=Role.ASSISTANT, blocks=tuple(blocks[i] for i in sorted(blocks)))
         return Response(

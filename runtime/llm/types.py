@@ -34,7 +34,7 @@ class _Value(BaseModel):
 
 
 def _check_text(value: str) -> str:
-    if has_surrogate(value):  # ASCII, the common case, is answered at once
+    if not value.isascii() and has_surrogate(value):  # ASCII, the common case: no call
         raise ValueError(describe_surrogate(value, "the text"))
     return value
 
@@ -234,6 +234,9 @@ class Request(_Value):
 
     @model_validator(mode="after")
     def _call_ids_unique(self) -> Request:
+        ids = [b.id for m in self.messages for b in m.blocks if type(b) is ToolUse]
+        if len(ids) == len(set(ids)):  # the common case, without a call per message
+            return self
         from .history import repeated_call_ids  # history imports this module
 
         if repeated := repeated_call_ids(self.messages):
