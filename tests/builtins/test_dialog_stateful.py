@@ -233,6 +233,9 @@ def check(insts: dict[str, Any], exp: dict[str, Expected], items: dict[str, list
                     assert text.startswith(ERROR_PREFIX) == (not text.startswith("<")), where
                 markers.append(int(found["req"]))
         assert markers == e.markers, where
+        # no tool call id is used twice in a history (a request would refuse it)
+        every_id = [b.id for m in msgs for b in m.tool_uses()]
+        assert len(every_id) == len(set(every_id)), where
         # every tool_use answered exactly once, in the next message
         blocked_in_tool = any(t.title.startswith(f"{name}-") for t in tools_waiting)
         results = [b for m in msgs for b in m.blocks if b.kind == "tool_result"]
