@@ -28,6 +28,18 @@ __all__ = ["MAX_MESSAGE_CHARS", "inert", "inert_message", "load_history", "user_
 
 MAX_MESSAGE_CHARS = 200_000  # characters of text in one user message
 MAX_IMAGES = 20  # images in one user message
+MAX_BLOCKS = 100  # blocks in one user message
+MAX_IMAGE_BYTES = 5 * 1024 * 1024  # one image (what Anthropic takes)
+MAX_IMAGES_BYTES = 20 * 1024 * 1024  # all the images of one message
+
+# what an image's bytes start with, by media type: bytes that are not what they claim to be
+# would be refused by the provider at every later request of the history
+_MAGIC = {
+    "image/png": (b"\x89PNG\r\n\x1a\n",),
+    "image/jpeg": (b"\xff\xd8\xff",),
+    "image/gif": (b"GIF87a", b"GIF89a"),
+    "image/webp": (b"RIFF",),
+}
 
 _SHAPE = ("add_message takes a string (the user's text) or a user message "
           "{'role': 'user', 'blocks': [{'kind': 'text', 'text': '...'}]} whose blocks are text "
@@ -50,6 +62,9 @@ def user_message(event: Any) -> Message:
     blocks = event.get("blocks")
     if not isinstance(blocks, list) or not blocks:
         raise PatternError(f"{_SHAPE}; got a message with no blocks")
+    if len(blocks) > MAX_BLOCKS:
+        raise PatternError(f"add_message got {len(blocks):,} blocks; send at most {MAX_BLOCKS} "
+                           "(join the text into one block)")
     images = 0
     for i, block in enumerate(blocks):
         kind = block.get("kind") if isinstance(block, dict) else None
@@ -77,6 +92,7 @@ def user_message(event: Any) -> Message:
         message = Message.model_validate(event)
     except ValueError as e:
         raise PatternError(f"add_message: {_SHAPE}; {_short(str(e), 300)}") from None
+    _check_images(message)
     text = sum(len(b.text) for b in message.blocks if isinstance(b, TextBlock))
     if text > MAX_MESSAGE_CHARS:
         raise PatternError(f"add_message got {text:,} characters of text; send at most "
@@ -86,6 +102,30 @@ def user_message(event: Any) -> Message:
         raise PatternError("add_message got a message with only empty text; send the "
                            "user's text")
     return message
+
+
+def _check_images(message: Message) -> None:
+    """Each image holds bytes of the type it claims, within the size limits."""
+    total = 0
+    for i, b in enumerate(message.blocks):
+        if not isinstance(b, ImageBlock):
+            continue
+        media = b.media_type.strip().lower()
+        size = len(b.data)
+        total += size
+        if size == 0:
+            raise PatternError(f"add_message's block {i} is an image with no data")
+        if size > MAX_IMAGE_BYTES:
+            raise PatternError(f"add_message's block {i} is an image of {size:,} bytes; send "
+                               f"at most {MAX_IMAGE_BYTES:,} (scale it down)")
+        magic = _MAGIC.get(media, ())
+        if not b.data.startswith(magic) or (media == "image/webp" and b.data[8:12] != b"WEBP"):
+            raise PatternError(f"add_message's block {i} says {media}, but its bytes are not "
+                               f"a {media.split('/')[1].upper()} image; send the image's own "
+                               "bytes with its media type")
+    if total > MAX_IMAGES_BYTES:
+        raise PatternError(f"add_message got {total:,} bytes of images; send at most "
+                           f"{MAX_IMAGES_BYTES:,}")
 
 
 def _check_text(text: str, where: str) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import anyio
 
+from .._text import scrub_text
 from ..cells import BuiltinNode, Cell, Runtime, Stream, Transaction, current_runtime
 from ..errors import ConflictError, PatternError
 from ..llm import (
@@ -133,6 +134,10 @@ class TurnPhase(Enum):
     #                  its results are still to come
     ENDED = "ended"  # the final reply's commit ended the turn
     DEAD = "dead"  # a write found the turn cancelled or taken over: nothing more lands
+
+
+class _TurnLost(Exception):
+    """The turn is no longer this process's (cancelled or taken over elsewhere)."""
 
 
 class StepCommit:
@@ -246,6 +251,9 @@ class _DialogNode:
                          "the turn before sending a replacement)", self.node.label)
                 return
             self._recover()
+        else:  # a history stored with a call left open (before every step answered its
+            # calls) is answered first: no provider takes a call without its result
+            self._answer_unanswered(INTERRUPTED, {})
         turn_id = self.state.begin(rt)
         self.tool_output.set({})  # whatever a turn cut short left there
         self.messages.push(message.model_dump(mode="json"))
@@ -262,6 +270,11 @@ class _DialogNode:
         return turn.get("holder") != rt.lease.holder or turn.get("id") in self._scopes
 
     def _on_cancel(self, event: Any) -> None:
+        # the turn may have started in another process since this copy was read: a cancel
+        # decided on a stale copy would be lost without a trace
+        rt = current_runtime()
+        self.state.refresh(rt, pending=True)
+        rt.docs.reload([self.messages.resolve().doc_key])  # the calls it may answer
         self._cancel()
 
     def _on_pin(self, event: dict[str, Any]) -> None:
@@ -341,6 +354,8 @@ class _DialogNode:
             tools = tuple(s.tool for s in self.catalog.values())
 
             def build(history_now: Any, step: int) -> Request:
+                if step > 1 and not self._still_owned(rt, run):
+                    raise _TurnLost  # cancelled or taken over by another process: no call
                 return Request(
                     system=self._system_prompt(run), messages=tuple(history_now), tools=tools,
                     max_tokens=self.max_tokens,
@@ -357,8 +372,15 @@ class _DialogNode:
             outcome = await run_steps(model, build, execute=self._execute(rt, run),
                                       history=history, sink=sink, max_steps=self.max_steps)
             self._finish(rt, run, outcome)
+        except _TurnLost:
+            log.info("%s: turn %s was cancelled or taken over elsewhere; it stops",
+                     self.node.label, turn_id)
         except Exception as e:  # no path leaves a turn pending
-            log.exception("%s: the turn failed", self.node.label)
+            if isinstance(e, ConflictError) and not self._still_owned(rt, run):
+                log.info("%s: turn %s was cancelled or taken over elsewhere; its last write "
+                         "was refused", self.node.label, turn_id)
+            else:
+                log.exception("%s: the turn failed", self.node.label)
             self._end(rt, run, f"{ERROR_PREFIX}: {e}", str(e))
         finally:
             run.step.abort()  # interrupted mid-step: none of the step lands
@@ -370,6 +392,14 @@ class _DialogNode:
                         self._flush_usage(run)
             finally:
                 rt.lease.drop()
+
+    def _still_owned(self, rt: Runtime, run: _TurnRun) -> bool:
+        """Between steps and before a call that commits on its own: is the turn still this
+        process's, as the store has it now? (Another process's cancel or takeover reaches
+        this process's copy of the turn only when read again; the guarded writes read the
+        copy.)"""
+        self.state.refresh(rt)
+        return self._owns(rt, run)
 
     def _owns(self, rt: Runtime, run: _TurnRun) -> bool:
         """Inside a transaction: may this turn still write? (Marks it dead if not.)"""
@@ -491,7 +521,10 @@ class _DialogNode:
     def _execute(self, rt: Runtime, run: _TurnRun) -> Any:
         async def execute(call: ToolUse) -> Any:
             spec = self.catalog[call.name]  # the engine checked the name and arguments
-            if run.step.phase is TurnPhase.DEAD:
+            if run.step.phase is TurnPhase.DEAD or (
+                    run.step.phase is not TurnPhase.INLINE and not self._still_owned(rt, run)):
+                # a call that commits on its own first asks the store whether its turn is
+                # still this process's: one cancelled or taken over elsewhere runs nothing
                 raise ToolError("the turn was cancelled; the tool did not run")
             if call.name == PRESENT_RESULT:  # the last call wins
                 # the model's JSON, stored inert: a link it wrote is kept as text, never
@@ -590,7 +623,9 @@ class _DialogNode:
         cells = run.management.available_cells(self.context, value_limit=VALUE_LIMIT)
         if cells:
             parts.append(cells)
-        return "\n\n".join(parts)
+        # text that must leave in a request is repaired, not refused: a computed context
+        # cell (never checked at the boundary) must not fail every turn of every user
+        return scrub_text("\n\n".join(parts))
 
 
 def model_for(label: str, kind: str, chosen: str | Model | None, rt: Runtime) -> Model:

@@ -331,7 +331,9 @@ class Management:
         name = args.get("name")
         if not isinstance(name, str) or not name.strip():
             raise _Refused("pin needs a `name`: a short non-empty string.")
-        name = name.strip()
+        name = _one_line(name)
+        if not name:
+            raise _Refused("pin needs a `name` with words in it, not only '#' or spaces.")
         if len(name) > _NAME_LIMIT:
             raise _Refused(f"the pin's name is {len(name)} characters; keep it under "
                            f"{_NAME_LIMIT}.")
@@ -379,6 +381,7 @@ class Management:
         if isinstance(name, str) and len(name) > _NAME_LIMIT:
             raise PatternError(f"pin_cell's name is {len(name):,} characters; keep it under "
                                f"{_NAME_LIMIT}")
+        name = _one_line(name) if isinstance(name, str) else None
         if is_link(path):
             entry = {"path": path["@link"], "name": name or path["@link"]}
             if path.get("scope"):
@@ -419,12 +422,12 @@ class Management:
             try:
                 link = c.link()
                 key, path = parse_link(link, DocKey(c.space, c.scope, c.id))
-                entries.append(self._entry_lines(_cap(str(name), _NAME_LIMIT),
+                entries.append(self._entry_lines(_cap(_one_line(str(name)), _NAME_LIMIT),
                                                  _Target(key, path), value_limit, c.schema))
             except Exception as e:
                 entries.append([f"## {name}", f"(unavailable: {_describe(e)})"])
         for entry in self._pin_list()[:MAX_PINS]:
-            name = _cap(str(entry.get("name", "")), _NAME_LIMIT)
+            name = _cap(_one_line(str(entry.get("name", ""))), _NAME_LIMIT)
             try:
                 target = self._target({"path": self._entry_ref(entry)})
                 entries.append(self._entry_lines(name, target, value_limit, None))
@@ -765,6 +768,13 @@ class Management:
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+def _one_line(name: str) -> str:
+    """A name as it may appear in the system prompt: one line (whitespace runs become one
+    space), no leading "#" (it would open a heading of its own), so a name the model or a
+    user chose can add no structure to the instructions."""
+    return " ".join(name.split()).lstrip("# ").strip()
 
 
 def _event_of(args: dict[str, Any]) -> Any:

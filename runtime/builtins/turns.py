@@ -66,6 +66,13 @@ class TurnState:
                 and bool(self.pending.get()) and turn.get("holder") == rt.lease.holder
                 and rt.lease.valid())
 
+    def refresh(self, rt: Runtime, *, pending: bool = False) -> None:
+        """Read the turn (and ``pending``) again from the store: what another process wrote
+        since this one last read them (outside a transaction, or before the transaction
+        reads them)."""
+        keys = [self.turn.doc_key, self.pending.doc_key] if pending else [self.turn.doc_key]
+        rt.docs.reload(keys)
+
     def holder_alive(self, rt: Runtime) -> bool:
         """Is the process that owns the pending turn alive (its lease unexpired)? A turn
         recorded without a holder (written before leases) is taken to be dead."""

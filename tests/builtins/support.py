@@ -29,13 +29,14 @@ def add_item(event: AddItem, items):
 def todo_agent():
     items = cell([], scope="user", name="items")
     messages = cell([], scope="session", name="messages")
+    add = add_item(items=items)
     chat = llm_dialog(
         messages=messages,
         system="You keep the user's todo list.",
-        tools={"addItem": {"description": "Add an item", "handler": add_item(items=items)}},
+        tools={"addItem": {"description": "Add an item", "handler": add}},
         context={"items": items},
     )
-    return {"items": items, "messages": messages, "pending": chat.pending,
+    return {"items": items, "messages": messages, "pending": chat.pending, "add": add,
             "send": chat.add_message, "cancel": chat.cancel_generation, "error": chat.error,
             "dropped": chat.dropped, "partial": chat.partial, "result": chat.result}
 

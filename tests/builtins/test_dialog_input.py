@@ -112,3 +112,72 @@ async def test_a_history_stored_with_a_surrogate_before_the_boundary_still_works
         [request] = model.requests
         assert request.messages[0].text_content() == "bad \ufffd text"
         assert inst.result.key("messages").get()[-1]["blocks"][0]["text"] == "still fine"
+
+
+PNG_BYTES = b"\x89PNG\r\n\x1a\n fake"
+
+
+@pytest.mark.parametrize(("blocks", "says"), [
+    ([{"kind": "image", "media_type": "image/png",
+       "data": base64.b64encode(PNG_BYTES + b"x" * (5 * 1024 * 1024)).decode()}],
+     "scale it down"),
+    ([{"kind": "image", "media_type": "image/png",
+       "data": base64.b64encode(b"<svg xmlns='http://www.w3.org/2000/svg'/>").decode()}],
+     "not a PNG image"),
+    ([{"kind": "image", "media_type": "image/png", "data": ""}], "no data"),
+    ([{"kind": "text", "text": "a"}] * 101, "at most 100"),
+], ids=["6 MB image", "SVG bytes as PNG", "empty image", "101 blocks"])
+async def test_images_hold_what_they_claim_within_limits(blocks: list[Any], says: str):
+    model = ScriptedModel(["never"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        with pytest.raises(PatternError, match=says):
+            await inst.send("send", {"role": "user", "blocks": blocks})
+        assert inst.result.key("messages").get() == []
+
+
+async def test_a_history_stored_with_a_call_left_open_is_answered_before_the_next_turn():
+    """What defect 2 left behind in stored histories: a call without its result."""
+    model = ScriptedModel(["answered"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        inst.result.key("messages").set([
+            {"role": "user", "blocks": [{"kind": "text", "text": "add milk"}]},
+            {"role": "assistant", "blocks": [{"kind": "tool_use", "id": "c1",
+                                              "name": "addItem", "input": {"title": "milk"}}]},
+        ])
+        await inst.send("send", "hello?")
+        await rt.settled()
+        assert inst.result.key("error").get() is None
+        messages = assert_valid_history(inst)
+        [result] = messages[2].blocks
+        assert result.is_error and "interrupted" in result.content
+        assert [m.text_content() for m in messages[3:]] == ["hello?", "answered"]
+
+
+async def test_a_computed_context_cell_holding_a_surrogate_never_fails_a_turn():
+    """The boundary checks what is written; a computed value can still make one (here from
+    ASCII JSON text with an escape): text leaving in a request is repaired instead."""
+    import json
+
+    from runtime import cell, lift, llm_dialog, pattern
+
+    @pattern(name="computed-context")
+    def agent():
+        raw = cell("{}", name="raw")
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, context={"config": lift(json.loads)(raw)})
+        return {"raw": raw, "messages": messages, "send": chat.add_message,
+                "error": chat.error}
+
+    model = ScriptedModel(["fine", "still fine"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(agent)
+        inst.result.key("raw").set('{"theme": "\\ud800"}')  # ASCII: accepted
+        await inst.send("send", "hi")
+        await rt.settled()
+        assert inst.result.key("error").get() is None
+        assert "\ufffd" in model.requests[0].system
+        await inst.send("send", "again")
+        await rt.settled()
+        assert inst.result.key("error").get() is None

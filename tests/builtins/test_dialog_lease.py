@@ -148,3 +148,46 @@ async def test_a_paused_owner_that_comes_back_is_fenced(tmp_path):
         texts = [m.text_content() for m in assert_valid_history(inst)]
         assert "late from A" not in " ".join(texts)
         assert texts[0] == "one" and texts[-2:] == ["two", "from B"]
+
+
+async def test_a_cancel_from_another_process_stops_the_rest_of_the_step_and_the_model(tmp_path):
+    """B's copy was read before A's turn began (a long-lived server): its cancel still
+    reaches the turn, and A runs neither the step's later calls nor another model call."""
+    from runtime.llm import Reply, call
+
+    store = f"sqlite:///{tmp_path / 'cancel.db'}"
+    model = ScriptedModel([])
+    async with Runtime(store=store, model=model) as a_rt, \
+            Runtime(store=store, model=ScriptedModel([])) as b_rt:
+        a = a_rt.run(todo_agent, user="u", session="s")
+        b = b_rt.run(todo_agent, user="u", session="s")  # read before A's turn starts
+        entered, hold = anyio.Event(), anyio.Event()
+        real_send = a_rt.send
+
+        async def held_send(stream: Any, event: Any) -> None:
+            if stream.name == "add_item" and event["title"] == "first":
+                entered.set()
+                await hold.wait()  # the step's first call is in flight
+            await real_send(stream, event)
+
+        a_rt.send = held_send  # type: ignore[method-assign]
+        model.add(Reply(tool_calls=[
+            call("invoke", {"path": f"/{a.result.id}/add", "args": {"title": "first"}}),
+            call("addItem", {"title": "mark"})]), "never asked")
+        await a.send("send", "add two")
+        with anyio.fail_after(WAIT):
+            await entered.wait()
+        assert b.result.key("pending").get() is False  # B's copy is stale
+        await b.send("cancel", None)
+        assert b.result.key("pending").get() is False
+        hold.set()
+        with anyio.fail_after(WAIT):
+            await a_rt.settled()
+        assert len(model.requests) == 1  # no model call after the cancel
+    async with Runtime(store=store) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        assert "mark" not in inst.result.key("items").get()  # the later call never ran
+        messages = assert_valid_history(inst)
+        assert [m.role.value for m in messages] == ["user", "assistant", "user"]
+        assert all(r.is_error for r in messages[2].blocks)
+        assert inst.result.key("pending").get() is False
