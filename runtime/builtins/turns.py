@@ -71,7 +71,11 @@ class TurnState:
         since this one last read them (outside a transaction, or before the transaction
         reads them)."""
         keys = [self.turn.doc_key, self.pending.doc_key] if pending else [self.turn.doc_key]
-        rt.docs.reload(keys)
+        docs = rt.docs
+        stale = [k for k in keys if (stored := rt.store.load(k)) is not None
+                 and stored.version != docs.doc(k).version]
+        if stale:  # the common case is that nobody else wrote: nothing to catch up
+            docs.reload(stale)
 
     def holder_alive(self, rt: Runtime) -> bool:
         """Is the process that owns the pending turn alive (its lease unexpired)? A turn
