@@ -7,6 +7,15 @@ backend's ``stream`` must assemble to exactly what its ``generate`` returns for 
 Events come from a model, so what they carry is provider text: the assembler replaces any
 lone surrogate in it by U+FFFD (``runtime._text.scrub``) as it builds the vocabulary, which
 refuses such text. The adapters already scrub what they decode; this covers any other model.
+
+The assembler is the one place every model's reply passes (the step engine streams each
+reply through one, ``ScriptedModel.generate`` too), so the rules on a reply's shape that hold
+for any model are kept here: a tool name longer than ``MAX_TOOL_NAME_CHARS`` fails the reply
+as its start arrives, and arguments nested too deeply to parse (``RecursionError``) are a
+malformed reply; both terminal, as the same model would send the same again. How many
+characters a reply may hold in all is the adapters' cap (``ReplyLimits.reply_chars``, set
+per adapter); the ids a reply's calls carry are the step engine's to make unique and
+replayable (``CallIds``).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from pydantic import Field
 
 from .._text import scrub, scrub_text
 from .errors import Fault, LLMError
+from .limits import MAX_TOOL_NAME_CHARS
 from .types import (
     Block,
     Message,
@@ -110,6 +120,8 @@ class Assembler:
             case TextDelta(index=i, text=t):
                 self._texts.setdefault(i, []).append(t)
             case ToolCallStart(index=i, id=cid, name=name):
+                if len(name) > MAX_TOOL_NAME_CHARS:
+                    raise tool_name_too_long(name, self._provider)
                 self._calls[i] = (cid, name, [])
             case ToolCallDelta(index=i, arguments=a):
                 if i not in self._calls:
@@ -136,15 +148,17 @@ class Assembler:
             name = scrub_text(name)
             try:
                 args = json.loads(raw)
+                if not isinstance(args, dict):
+                    raise self._bad(f"tool call {name[:200]!r} arguments are not a JSON object")
+                # JSON text that is ASCII without a \u escape cannot decode to a surrogate
+                if not raw.isascii() or "\\u" in raw:
+                    args = scrub(args)
+                blocks[i] = ToolUse(id=scrub_text(cid), name=name, input=args)
             except json.JSONDecodeError as e:
                 raise self._bad(
                     f"tool call {name[:200]!r} arguments are not JSON ({e.msg})") from None
-            if not isinstance(args, dict):
-                raise self._bad(f"tool call {name[:200]!r} arguments are not a JSON object")
-            # JSON text that is ASCII without a \u escape cannot decode to a surrogate
-            if not raw.isascii() or "\\u" in raw:
-                args = scrub(args)
-            blocks[i] = ToolUse(id=scrub_text(cid), name=name, input=args)
+            except RecursionError:
+                raise too_deep(name, self._provider) from None
         blocks.update(self._opaque)
         message = Message(role=Role.ASSISTANT, blocks=tuple(blocks[i] for i in sorted(blocks)))
         return Response(
@@ -153,6 +167,21 @@ class Assembler:
             usage=self._usage,
             model=self._stop.model,
         )
+
+
+def tool_name_too_long(name: str, provider: str) -> LLMError:
+    """A reply calling a tool by a name past ``MAX_TOOL_NAME_CHARS``: terminal (module doc)."""
+    return LLMError(
+        f"malformed reply: a tool call's name is {len(name):,} characters long, more than "
+        f"the {MAX_TOOL_NAME_CHARS} a tool name may have (the tool name cap; it starts "
+        f"{name[:40]!r})", fault=Fault.TERMINAL, provider=provider)
+
+
+def too_deep(name: str, provider: str) -> LLMError:
+    """Tool call arguments nested too deeply to parse: terminal (module doc)."""
+    return LLMError(
+        f"malformed reply: tool call {name[:200]!r} arguments nest too deeply to parse",
+        fault=Fault.TERMINAL, provider=provider)
 
 
 async def assemble(events: AsyncIterable[StreamEvent], provider: str = "stream") -> Response:

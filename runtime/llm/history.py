@@ -7,21 +7,30 @@ keeps in a cell). The rules that judge a history (``unanswered_calls``,
 to disagree about what, say, an unanswered call is.
 
 Tool call ids: a history never holds one twice (``Request`` refuses one that does), as the id
-is what pairs a call with its result. ``CallIds`` is how ids are given out where a server
-sends none or repeats one (the adapters) and where a reply's ids collide with the history
-(the step engine); ``with_unique_call_ids`` mends a history stored before the rule.
+is what pairs a call with its result, and every id it holds is one every provider takes back
+(``replayable_call_id``: 1 to 64 of ``A-Z a-z 0-9 _ -``; Anthropic refuses any other
+character in a ``tool_use`` id, OpenAI's are short). ``CallIds`` is how ids are given out
+where a server sends none, repeats one or sends one no provider would take back (a
+900 KB id, one holding U+FFFD or punctuation: the adapters) and where a reply's ids collide
+with the history or break the rule (the step engine, for any model);
+``with_unique_call_ids`` mends a history stored before the rules.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .types import Message, Role, ToolResult, ToolUse
 
-__all__ = ["CallIds", "fresh_call_id", "repeated_call_ids", "unanswered_calls",
-           "with_unique_call_ids"]
+__all__ = ["MAX_CALL_ID_CHARS", "CallIds", "fresh_call_id", "repeated_call_ids",
+           "replayable_call_id", "unanswered_calls", "with_unique_call_ids"]
+
+MAX_CALL_ID_CHARS = 64
+"""The longest tool call id a history keeps as it came (module doc)."""
+_REPLAYABLE = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_CALL_ID_CHARS}}}").fullmatch
 
 HistoryItem = Message | Mapping[str, Any]
 """A message of a history: a ``Message`` or its JSON form (``model_dump(mode="json")``)."""
@@ -51,6 +60,12 @@ def repeated_call_ids(history: Sequence[HistoryItem]) -> list[str]:
     return repeated
 
 
+def replayable_call_id(cid: object) -> bool:
+    """Whether ``cid`` is a tool call id every provider takes back as it is: a string of 1 to
+    ``MAX_CALL_ID_CHARS`` ASCII letters, digits, ``_`` and ``-`` (module doc)."""
+    return type(cid) is str and _REPLAYABLE(cid) is not None
+
+
 def fresh_call_id() -> str:
     """A tool call id no other call has: ``call_`` and 32 random hex digits (uuid4)."""
     return f"call_{uuid.uuid4().hex}"
@@ -59,19 +74,22 @@ def fresh_call_id() -> str:
 class CallIds:
     """The tool call ids in use in one history (or one reply), each given out once.
 
-    ``take(wanted)`` keeps ``wanted`` if it is new and mints a ``fresh_call_id()`` if it is
-    empty or already in use: what an adapter does with the ids a server sends (some send
-    none, some repeat them) and what the step engine does with a reply's ids, so a history
-    never holds one id twice."""
+    ``take(wanted)`` keeps ``wanted`` if it is new and replayable, and mints a
+    ``fresh_call_id()`` if it is empty, already in use or not ``replayable_call_id`` (not a
+    string, too long, a character a provider refuses): what an adapter does with the ids a
+    server sends (some send none, some repeat them, a hostile one sends anything) and what
+    the step engine does with a reply's ids, so a history never holds one id twice, nor one
+    a provider would refuse."""
 
     __slots__ = ("_used",)
 
     def __init__(self, used: Iterable[str] = ()) -> None:
         self._used = set(used)
 
-    def take(self, wanted: str | None) -> str:
-        """``wanted`` if it is a new id, else a fresh one; either way now in use."""
-        if not wanted or wanted in self._used:
+    def take(self, wanted: object) -> str:
+        """``wanted`` if it is a new, replayable id, else a fresh one; either way now in
+        use."""
+        if type(wanted) is not str or _REPLAYABLE(wanted) is None or wanted in self._used:
             wanted = fresh_call_id()
         self._used.add(wanted)
         return wanted
@@ -83,13 +101,15 @@ class CallIds:
 
 
 def with_unique_call_ids(history: Sequence[Message]) -> tuple[Message, ...]:
-    """``history`` with every reused tool call id replaced by a fresh one, and the results
-    that answer each such call pointed at its new id: a history stored before ids were kept
-    unique (an adapter once named every reply's calls ``call_0``...) made valid again, so
-    ``Request`` takes it. A result belongs to the call of the same id in the last assistant
-    message before it (in call order, if that message repeated the id). The history itself
-    when nothing is reused."""
-    if not repeated_call_ids(history):
+    """``history`` with every reused tool call id, and every id that is not
+    ``replayable_call_id``, replaced by a fresh one, and the results that answer each such
+    call pointed at its new id: a history stored before the rules (an adapter once named
+    every reply's calls ``call_0``..., and kept whatever id a server sent) made valid again,
+    so ``Request`` and every provider take it. A result belongs to the call of the same id in
+    the last assistant message before it (in call order, if that message repeated the id).
+    The history itself when nothing needs a new id."""
+    ids_used = [cid for message in history for cid in _call_ids(message)]
+    if len(ids_used) == len(set(ids_used)) and all(replayable_call_id(c) for c in ids_used):
         return tuple(history)
     ids = CallIds()
     renamed: dict[str, list[str]] = {}  # the last assistant message's old id -> new ids

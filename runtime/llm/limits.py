@@ -18,6 +18,7 @@ __all__ = [
     "MAX_REPLY_CHARS",
     "MAX_SSE_EVENT_BYTES",
     "MAX_SSE_LINE_BYTES",
+    "MAX_TOOL_NAME_CHARS",
     "ReplyLimits",
 ]
 
@@ -32,8 +33,14 @@ MAX_BODY_BYTES = 16 * MiB
 """The largest non-streaming (``generate``) reply body: a reply of ``MAX_REPLY_CHARS``
 characters, JSON-escaped, fits."""
 MAX_REPLY_CHARS = 1_000_000
-"""The most characters of text and tool call arguments one reply may hold: about 250,000
-tokens, beyond the output limit of any model the catalog knows."""
+"""The most characters one reply may hold, counted as they arrive: its text, its tool calls'
+arguments, names and ids, and its thinking (text and signatures). About 250,000 tokens,
+beyond the output limit of any model the catalog knows."""
+MAX_TOOL_NAME_CHARS = 256
+"""The longest tool name a reply may call, for any model (the assembler holds every model to
+it, the adapters too): the providers allow 64 characters for a tool's name, so a longer one
+names no tool that was offered, and each call's name is stored and replayed with the
+history. Not a ``ReplyLimits`` knob, as the assembler of every model holds to it."""
 
 DEFAULT_ATTEMPT_TIMEOUT = 300.0
 """Seconds one attempt may take, wall-clock, from connecting to the reply's last byte (an

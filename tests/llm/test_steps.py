@@ -38,6 +38,7 @@ from runtime.llm import (
     TextDelta,
     Tool,
     ToolCallDelta,
+    ToolCallEnd,
     ToolCallStart,
     ToolError,
     ToolResult,
@@ -46,6 +47,7 @@ from runtime.llm import (
     run_steps,
     with_retry,
 )
+from runtime.llm.limits import MAX_TOOL_NAME_CHARS
 from runtime.llm.providers import anthropic as anthropic_wire
 from runtime.llm.providers import openai as openai_wire
 from runtime.llm.scripted import call
@@ -284,9 +286,10 @@ async def test_invalid_arguments_are_an_error_result_quoting_the_schema(
 
 
 async def test_model_input_in_an_error_result_is_quoted_in_part() -> None:
-    """A 1 MB tool name, a 1 MB argument key: the error results that quote them cost the
-    next request a few hundred characters of each, not a megabyte."""
-    huge = "n" * 1_000_000
+    """The longest tool name a reply may hold, a 1 MB argument key: the error results that
+    quote them cost the next request a few hundred characters of each, not a megabyte (a
+    longer name fails the reply: the next test)."""
+    huge = "n" * MAX_TOOL_NAME_CHARS
     tally = Tool(name="tally", input_schema={"type": "object",
                                              "additionalProperties": {"type": "integer"}})
     model = ScriptedModel([
@@ -297,13 +300,48 @@ async def test_model_input_in_an_error_result_is_quoted_in_part() -> None:
     outcome = await steps(model, tools=tools, builder=Builder(tools=(WEATHER, tally)))
     unknown, bad_key, extra = results_of(outcome.messages[1])
     assert unknown.is_error and unknown.content.startswith("There is no tool 'nnnn")
-    assert "1,000,000 characters in all" in unknown.content and "'tally'" in unknown.content
+    assert f"{MAX_TOOL_NAME_CHARS} characters in all" in unknown.content
+    assert "'tally'" in unknown.content
     assert len(unknown.content) < 500
     assert bad_key.is_error and "Invalid arguments for tool 'tally': at /kkkk" in bad_key.content
     assert extra.is_error and "Additional properties are not allowed" in extra.content
     for result in (bad_key, extra):  # the schema hint is capped as before, the rest is small
         assert len(result.content) < 5_000, len(result.content)
     assert tools.started == []
+
+
+async def test_a_tool_name_past_the_cap_fails_the_reply_terminal_for_any_model() -> None:
+    """A scripted model calling tools by 900 KB names (a hostile provider's probe stored 40
+    of them and replayed them in a 144 MB request): the assembler every model's reply passes
+    fails the reply as the first such call starts; nothing is appended, no tool runs."""
+    model = ScriptedModel([Reply(tool_calls=[call("n" * 900_000, {"city": "Paris"})
+                                             for _ in range(40)])])
+    tools = Tools()
+    outcome = await steps(model, tools=tools)
+    assert outcome.status is StepsStatus.ERROR and outcome.messages == ()
+    error = outcome.error
+    assert error is not None and error.fault is Fault.TERMINAL
+    assert "tool name cap" in error.message and "900,000 characters" in error.message
+    assert len(error.message) < 500 and tools.started == []
+    # one character under the cap is an ordinary (unknown) call
+    model = ScriptedModel([Reply(tool_calls=[call("n" * MAX_TOOL_NAME_CHARS)]), "Sorry."])
+    assert (await steps(model, tools=tools)).status is StepsStatus.COMPLETED
+
+
+async def test_arguments_nested_too_deeply_are_a_terminal_malformed_reply() -> None:
+    """200,000 levels of ``[`` in a call's arguments: ``json.loads`` raises
+    ``RecursionError``, which used to leave the assembler (and so the step engine) raw."""
+    deep = "[" * 200_000 + "]" * 200_000
+    events = [ToolCallStart(index=0, id="call_a", name="get_weather"),
+              ToolCallDelta(index=0, arguments='{"city": ' + deep + "}"),
+              ToolCallEnd(index=0), Stop(stop_reason=StopReason.TOOL_USE)]
+    outcome = await steps(ScriptedModel([events]), tools=Tools())
+    assert outcome.status is StepsStatus.ERROR and outcome.messages == ()
+    error = outcome.error
+    assert error is not None and error.fault is Fault.TERMINAL
+    assert "nest too deeply" in error.message and "get_weather" in error.message
+    with pytest.raises(LLMError, match="nest too deeply"):  # and for any model's generate
+        await ScriptedModel([events]).generate(Request())
 
 
 async def test_an_executor_that_raises_is_an_error_result_and_is_logged(

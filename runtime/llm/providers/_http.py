@@ -37,8 +37,15 @@ layer's scope for the call; a stream's waits carry the call's deadline themselve
 spares the retry layer a cancel scope per event.
 
 Size. Everything that grows with a reply is capped (``ReplyLimits``): a stream's lines and
-events (``_sse``), a ``generate`` body (``body_bytes``), and the characters of text and tool
-call arguments in one reply (``reply_chars``, for both ``generate`` and ``stream``).
+events (``_sse``), a ``generate`` body (``body_bytes``), and the characters one reply holds
+(``reply_chars``, for both ``generate`` and ``stream``): its text, its tool calls'
+arguments, names and ids, and its thinking. A stream's characters are spent from one
+``ReplyBudget`` as they arrive: ``_stream_attempt`` spends what each event it hands on
+carries, and a decoder spends what it holds back before it becomes an event (OpenAI's
+argument text that arrives before its call's name, Anthropic's thinking and signatures,
+which go out whole at the block's end), so nothing a server streams is held uncounted. A
+tool name longer than ``MAX_TOOL_NAME_CHARS`` fails the reply as it arrives, and a call id
+no provider would take back is replaced (``CallIds``) before it is counted or kept.
 
 Text. What a provider sends is decoded with ``loads``, which replaces the lone surrogates a
 ``\\ud800`` escape produces (``runtime._text``): such text would be refused by the
@@ -69,8 +76,14 @@ import httpx
 
 from ..._text import scrub, scrub_text
 from ..errors import ConfigurationError, Fault, LLMError, cap_message, quota_exhausted, retry_class
-from ..events import StreamEvent, TextDelta, ToolCallDelta
-from ..limits import ReplyLimits
+from ..events import (
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallStart,
+    tool_name_too_long,
+)
+from ..limits import MAX_TOOL_NAME_CHARS, ReplyLimits
 from ..retry_policy import (
     CallDeadline,
     RetryPolicy,
@@ -80,7 +93,7 @@ from ..retry_policy import (
     retry_stream,
 )
 from ..safety import check_api_key, check_base_url, display_url
-from ..types import Request, Response, TextBlock, ToolUse
+from ..types import OpaqueBlock, Request, Response, TextBlock, ToolUse
 
 ERROR_BODY_LIMIT = 64 * 1024
 """The most bytes of an error body (a non-2xx reply) an adapter reads; the rest is never
@@ -151,16 +164,25 @@ def encode_text(text: str) -> bytes:
         return scrub_text(text).encode()
 
 
+class TooDeep(ValueError):
+    """JSON nested too deeply to decode (``RecursionError`` underneath): what ``loads``
+    raises for it, a ``ValueError`` like any JSON that cannot be read."""
+
+
 def loads(raw: str | bytes) -> Any:
     """JSON a provider sent, decoded, with every lone surrogate its escapes produce
     (``"\\ud800"``) replaced by U+FFFD. Bytes must be UTF-8 (``json.loads`` alone would
     let surrogates through as CESU bytes), and decoded text cannot hold a surrogate, so only
     a body with a ``\\ud`` escape is walked: the common case costs two substring searches.
-    Raises ``ValueError`` (``UnicodeDecodeError`` included) for what is not JSON."""
+    Raises ``ValueError`` (``UnicodeDecodeError`` included) for what is not JSON, ``TooDeep``
+    (one) for JSON nested past the recursion limit."""
     text = raw.decode() if isinstance(raw, bytes) else raw
-    value = json.loads(text)
-    if "\\ud" in text or "\\uD" in text:
-        value = scrub(value)
+    try:
+        value = json.loads(text)
+        if "\\ud" in text or "\\uD" in text:
+            value = scrub(value)
+    except RecursionError:
+        raise TooDeep("JSON nested too deeply to decode") from None
     return value
 
 
@@ -210,6 +232,27 @@ def detached(error: LLMError) -> LLMError:
     error.__context__ = None
     error.__suppress_context__ = False
     return error
+
+
+class ReplyBudget:
+    """The characters a reply may still hold (``reply_chars``), spent as they arrive by the
+    attempt and by its decoder (module doc); ``spend`` past the budget raises ``fail()``."""
+
+    __slots__ = ("fail", "left")
+
+    def __init__(self, chars: int, fail: Callable[[], LLMError]) -> None:
+        self.left = chars
+        self.fail = fail
+
+    def spend(self, chars: int) -> None:
+        self.left -= chars
+        if self.left < 0:
+            raise self.fail()
+
+    def refund(self, chars: int) -> None:
+        """Give back what a decoder spent on text it now hands on as an event (which the
+        attempt spends again)."""
+        self.left += chars
 
 
 class Deadline:
@@ -348,14 +391,20 @@ class HTTPModel(ABC):
                 raise
 
     async def _generate_attempt(self, body: bytes) -> Response:
-        """One ``generate`` attempt under its deadline, its reply held to ``reply_chars``."""
+        """One ``generate`` attempt under its deadline, its reply held to ``reply_chars``
+        (thinking counted as its blocks' JSON) and its tool names to
+        ``MAX_TOOL_NAME_CHARS``."""
         response = await self._generate_once(body, Deadline(self._seconds))
         size = 0
         for block in response.message.blocks:
             if isinstance(block, TextBlock):
                 size += len(block.text)
             elif isinstance(block, ToolUse):
-                size += len(compact_json(block.input))
+                if len(block.name) > MAX_TOOL_NAME_CHARS:
+                    raise self._name_too_long(block.name)
+                size += len(compact_json(block.input)) + len(block.name) + len(block.id)
+            elif isinstance(block, OpaqueBlock):
+                size += len(block.raw)
         if size > self._limits.reply_chars:
             raise self._too_large()
         return response
@@ -366,17 +415,20 @@ class HTTPModel(ABC):
         consumer must not outlive the deadline by their sum), its reply held to
         ``reply_chars``."""
         deadline = Deadline(self._seconds, call)
-        left = self._limits.reply_chars
-        async with aclosing(self._stream_once(body, deadline)) as events:
+        budget = ReplyBudget(self._limits.reply_chars, self._too_large)
+        async with aclosing(self._stream_once(body, deadline, budget)) as events:
             async for event in events:
                 if deadline.passed():
                     raise self._timed_out(deadline)
-                if type(event) is TextDelta:
-                    left -= len(event.text)
-                elif type(event) is ToolCallDelta:
-                    left -= len(event.arguments)
-                if left < 0:
-                    raise self._too_large()
+                kind = type(event)
+                if kind is TextDelta:
+                    budget.spend(len(event.text))
+                elif kind is ToolCallDelta:
+                    budget.spend(len(event.arguments))
+                elif kind is ToolCallStart:
+                    if len(event.name) > MAX_TOOL_NAME_CHARS:
+                        raise self._name_too_long(event.name)
+                    budget.spend(len(event.name) + len(event.id))
                 yield event
 
     async def aclose(self) -> None:
@@ -401,8 +453,10 @@ class HTTPModel(ABC):
         decode the reply)."""
 
     @abstractmethod
-    def _stream_once(self, body: bytes, deadline: Deadline) -> AsyncIterator[StreamEvent]:
-        """One streaming attempt (``_post`` it under ``deadline``, decode the events)."""
+    def _stream_once(self, body: bytes, deadline: Deadline, budget: ReplyBudget,
+                     ) -> AsyncIterator[StreamEvent]:
+        """One streaming attempt (``_post`` it under ``deadline``, decode the events; the
+        decoder spends from ``budget`` what it holds back before it becomes an event)."""
 
     @abstractmethod
     def _error_fields(self, raw: bytes) -> tuple[str, tuple[str | None, ...]]:
@@ -509,11 +563,15 @@ class HTTPModel(ABC):
         """A reply past ``reply_chars``: terminal (docs/llm-port.md, "Deadlines and caps")."""
         limit = self._limits.reply_chars
         return self._error(
-            f"the reply is longer than {limit:,} characters of text and tool call arguments "
+            f"the reply is longer than {limit:,} characters of text, tool calls and thinking "
             f"(the reply cap): a runaway generation or a broken server; raise it with "
             f"{type(self).__name__}(..., limits=ReplyLimits(reply_chars=...))",
             Fault.TERMINAL,
         )
+
+    def _name_too_long(self, name: str) -> LLMError:
+        """A tool name past ``MAX_TOOL_NAME_CHARS``: terminal, like the reply cap."""
+        return self._error(tool_name_too_long(name, self.PROVIDER).message, Fault.TERMINAL)
 
     def _transport_error(self, e: httpx.HTTPError) -> LLMError:
         if isinstance(e, httpx.ConnectError):

@@ -32,8 +32,13 @@ Wire mapping, in brief:
   the OpenAI adapter sends it, and so do local OpenAI-compatible servers behind it). So every
   body this adapter builds is one the SDK's own ``MessageCreateParams`` accept, and the
   tests' fake validates it against exactly those, with no hand-written exception.
-- A ``tool_use`` block without an id, or with one the reply has already used, gets a fresh
-  one (``CallIds``): the API always sends unique ids, but a gateway posing as it may not.
+- A ``tool_use`` block without an id, with one the reply has already used, or with one the
+  API would refuse back (it takes ``^[a-zA-Z0-9_-]+$``: ``replayable_call_id``) gets a fresh
+  one (``CallIds``): the API always sends good unique ids, a gateway posing as it may not.
+- Thinking and signature text counts toward the reply cap as it streams in (the decoder
+  spends it from the attempt's ``ReplyBudget``), though it goes out only whole, at the
+  block's end; a whole block (``redacted_thinking``'s data) counts as it starts.
+- Tool call arguments nested too deeply to parse are a malformed reply (terminal).
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ from ..types import (
 from ._http import (
     Deadline,
     HTTPModel,
+    ReplyBudget,
+    TooDeep,
     compact_json,
     cut_short,
     encode_text,
@@ -97,6 +104,8 @@ ThinkingStyle = Literal["adaptive", "budget"]
 # the opus / sonnet / haiku 4.0 to 4.5 families (dated snapshots and "claude-sonnet-4" too).
 _BUDGET_ONLY = re.compile(r"^claude-(3|(opus|sonnet|haiku)-4(-[0-5](\b|-)|-\d{8}|@|$))")
 
+_GATHERED = frozenset({"thinking", "signature"})
+"""The fields of an opaque block its deltas add to: gathered as lists, joined at its end."""
 _CACHE_MARKER = '"cache_control":{"type":"ephemeral"}'
 _STOP_REASONS = {
     "end_turn": StopReason.END_TURN,
@@ -195,10 +204,15 @@ class AnthropicModel(HTTPModel):
         async with self._post(body, self._headers, deadline) as response:
             content = await self._read(response)
         data: Any = None
+        deep = False
         try:
             data = loads(content)
+        except TooDeep:  # a tool call's input, most likely: it is the only free-form JSON
+            deep = True
         except ValueError:  # UnicodeDecodeError included
             pass
+        if deep:
+            raise self._malformed("the reply nests too deeply to parse (tool call arguments?)")
         if data is None:
             raise self._malformed("response body is not JSON")
         if isinstance(data, dict) and data.get("type") == "error":
@@ -210,10 +224,11 @@ class AnthropicModel(HTTPModel):
             shape = type(e).__name__
         raise self._malformed(f"unexpected response shape ({shape})")
 
-    async def _stream_once(self, body: bytes, deadline: Deadline) -> AsyncIterator[StreamEvent]:
+    async def _stream_once(self, body: bytes, deadline: Deadline, budget: ReplyBudget,
+                           ) -> AsyncIterator[StreamEvent]:
         limits = self._limits
         async with self._post(body, self._headers, deadline, stream=True) as response:
-            decoder = StreamDecoder()
+            decoder = StreamDecoder(budget)
             async for sse in iter_sse(response, PROVIDER, max_line=limits.sse_line_bytes,
                                       max_event=limits.sse_event_bytes):
                 failure: LLMError | None = None
@@ -221,6 +236,8 @@ class AnthropicModel(HTTPModel):
                     events = decoder.feed(sse)
                 except _ErrorEvent as e:
                     failure = self._event_error(e.body)
+                except TooDeep:
+                    failure = self._malformed(f"a {sse.event!r} event nests too deeply to parse")
                 except (KeyError, TypeError, ValueError, AttributeError) as e:
                     failure = self._malformed(f"bad {sse.event!r} event ({type(e).__name__})")
                 if failure is not None:
@@ -434,10 +451,13 @@ class StreamDecoder:
     Anthropic's ``index`` is the block's position in the final message, so it is used as the
     port's block index unchanged. Opaque blocks are gathered (thinking and signature deltas
     folded into the block that ``content_block_start`` announced) and emitted whole at
-    ``content_block_stop``, in the same compact JSON ``decode_message`` produces.
+    ``content_block_stop``, in the same compact JSON ``decode_message`` produces; what they
+    gather is spent from ``budget`` as it arrives (none: uncounted, for a caller that
+    decodes a stream it already holds).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, budget: ReplyBudget | None = None) -> None:
+        self._budget = budget
         self.done = False
         self._model = ""
         self._counts: dict[str, Any] = {}
@@ -469,7 +489,9 @@ class StreamDecoder:
             if i in self._tools:
                 return [ToolCallEnd(index=i)]
             if i in self._opaque:
-                return [OpaqueDone(index=i, block=_opaque(self._opaque.pop(i)))]
+                block = {k: "".join(v) if k in _GATHERED and type(v) is list else v
+                         for k, v in self._opaque.pop(i).items()}
+                return [OpaqueDone(index=i, block=_opaque(block))]
             return []
         if kind == "message_delta":
             self._stop = data["delta"].get("stop_reason")
@@ -490,7 +512,10 @@ class StreamDecoder:
             self._tools.add(i)
             return [ToolCallStart(index=i, id=self._ids.take(block.get("id")),
                                   name=block["name"])]
-        self._opaque[i] = dict(block)
+        if self._budget is not None:
+            self._budget.spend(sum(len(v) for v in block.values() if type(v) is str))
+        self._opaque[i] = {k: [v] if k in _GATHERED and type(v) is str else v
+                           for k, v in block.items()}
         return []
 
     def _delta(self, i: int, delta: dict[str, Any]) -> list[StreamEvent]:
@@ -501,6 +526,15 @@ class StreamDecoder:
             return [ToolCallDelta(index=i, arguments=delta["partial_json"])]
         if kind in ("thinking_delta", "signature_delta"):
             field = kind.removesuffix("_delta")
+            text = delta[field]
+            if type(text) is not str:
+                raise TypeError(f"{kind} is not text")
+            if self._budget is not None:
+                self._budget.spend(len(text))
             block = self._opaque[i]
-            block[field] = (block.get(field) or "") + delta[field]
+            parts = block.get(field)
+            if type(parts) is list:
+                parts.append(text)
+            else:  # absent (or not text) in the block's start
+                block[field] = [text]
         return []  # e.g. citations_delta: not modelled by the port

@@ -22,8 +22,13 @@ Choices worth knowing (each keeps a request valid on OpenAI *and* on local serve
   byte-identical prefix.
 - ``usage.prompt_tokens`` already includes cached tokens, so it is ``input_tokens`` as is;
   ``cached_tokens`` is ``cache_read_tokens``; automatic caching reports no separate write.
-- A tool call without an id (some compatible servers send none) or with an id the reply has
-  already used gets a fresh one (``CallIds``), so no two calls of a history share an id.
+- A tool call without an id (some compatible servers send none), with an id the reply has
+  already used or with one a provider would refuse back (``replayable_call_id``) gets a
+  fresh one (``CallIds``), so no two calls of a history share an id and every id replays.
+- Argument text that streams in before its call's name (the call cannot be announced
+  without one) counts toward the reply cap as it arrives (the decoder spends it from the
+  attempt's ``ReplyBudget``). Arguments nested too deeply to parse are a malformed reply
+  (terminal).
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ from ..types import (
 from ._http import (
     Deadline,
     HTTPModel,
+    ReplyBudget,
+    TooDeep,
     body_text,
     compact_json,
     cut_short,
@@ -177,10 +184,11 @@ class OpenAIModel(HTTPModel):
             failure = _malformed("the response body is not a chat completion")
         raise failure
 
-    async def _stream_once(self, body: bytes, deadline: Deadline) -> AsyncIterator[StreamEvent]:
+    async def _stream_once(self, body: bytes, deadline: Deadline, budget: ReplyBudget,
+                           ) -> AsyncIterator[StreamEvent]:
         limits = self._limits
         async with self._post(body, self._sse_headers, deadline, stream=True) as response:
-            decoder = ChunkDecoder()
+            decoder = ChunkDecoder(budget)
             async for sse in iter_sse(response, PROVIDER, max_line=limits.sse_line_bytes,
                                       max_event=limits.sse_event_bytes):
                 if sse.data.strip() == "[DONE]":
@@ -199,6 +207,8 @@ class OpenAIModel(HTTPModel):
     ) -> tuple[list[StreamEvent], LLMError | None]:
         try:
             chunk = loads(data)
+        except TooDeep:
+            return [], _malformed("a stream event nests too deeply to parse")
         except ValueError:
             return [], _malformed("a stream event's data is not JSON")
         if not isinstance(chunk, dict):
@@ -394,10 +404,13 @@ class ChunkDecoder:
     """Turns ``chat.completion.chunk`` objects into stream events.
 
     Tool calls are tracked by their wire ``index`` (parallel calls may interleave); a call is
-    announced once its name is known, with any argument text that arrived before it.
+    announced once its name is known, with any argument text that arrived before it. That
+    text is spent from ``budget`` as it arrives and given back when it goes out as an event,
+    which the attempt counts (none: uncounted, for a caller that decodes chunks it holds).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, budget: ReplyBudget | None = None) -> None:
+        self._budget = budget
         self._calls: dict[int, _Call] = {}
         self._ids = CallIds()
         self._finish: str | None = None
@@ -441,7 +454,12 @@ class ChunkDecoder:
             return [ToolCallDelta(index=_FIRST_CALL + i, arguments=arguments)] if arguments else []
         call.id = call.id or delta.get("id") or ""
         call.name = call.name or function.get("name") or ""
-        call.pending.append(arguments)
+        if arguments:
+            if type(arguments) is not str:
+                raise TypeError("tool call arguments are not text")
+            if self._budget is not None:
+                self._budget.spend(len(arguments))
+            call.pending.append(arguments)
         if not call.name:
             return []
         call.started = True
@@ -449,7 +467,10 @@ class ChunkDecoder:
             ToolCallStart(index=_FIRST_CALL + i, id=self._ids.take(call.id), name=call.name)
         ]
         if text := "".join(call.pending):
+            if self._budget is not None:
+                self._budget.refund(len(text))  # the attempt counts the event it becomes
             out.append(ToolCallDelta(index=_FIRST_CALL + i, arguments=text))
+        call.pending.clear()
         return out
 
     def _end_calls(self) -> list[StreamEvent]:
@@ -476,10 +497,15 @@ def _arguments(name: str, text: str) -> dict[str, Any]:
     wire-format fault: transient, as a new sample usually parses (and as ``assemble`` judges
     the same arguments in a stream)."""
     value: Any = None
+    deep = False
     try:
         value = loads(text.strip() or "{}")
+    except TooDeep:
+        deep = True
     except ValueError:
         pass
+    if deep:
+        raise _malformed(f"tool call {name[:200]!r} arguments nest too deeply to parse")
     if not isinstance(value, dict):
         raise cut_short(PROVIDER, f"malformed tool call: {name[:200]!r} arguments are not a "
                         "JSON object")
