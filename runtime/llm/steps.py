@@ -29,9 +29,11 @@ quotes the model's input only in part (``_NAME_CHARS`` of a name or a path,
 ``_DETAIL_CHARS`` of a validation message), so a 1 MB tool name costs the next request a
 few hundred characters, not a megabyte.
 
-A reply's tool call ids are the engine's to keep unique: a reply whose call reuses an id of
-the history (or of another call of the same reply) has that call's id replaced by a fresh
-one (``CallIds``) before it is appended, and a warning is logged. The id only pairs a call
+A reply's tool call ids are the engine's to keep unique and replayable, for any model: a
+reply whose call reuses an id of the history (or of another call of the same reply), or
+carries one no provider would take back (not ``replayable_call_id``: a 900 KB id, one
+holding U+FFFD or punctuation), has that call's id replaced by a fresh one (``CallIds``)
+before it is appended, and a warning is logged. The id only pairs a call
 with its result, which the engine writes itself, so nothing is lost; refusing the reply
 instead would fail a turn over a model's bookkeeping (a scripted model restarted on an old
 history repeats its ids, and so do some OpenAI-compatible servers).
@@ -272,7 +274,7 @@ class _StepLoop:
 
     def own_ids(self, response: Response) -> Response:
         """``response`` with each tool call whose id is already used (by the history or an
-        earlier call of the reply) given a fresh one (module doc)."""
+        earlier call of the reply) or not replayable given a fresh one (module doc)."""
         blocks = list(response.message.blocks)
         renamed = []
         for i, block in enumerate(blocks):
@@ -283,9 +285,9 @@ class _StepLoop:
                     blocks[i] = block.model_copy(update={"id": cid})
         if not renamed:
             return response
-        LOGGER.warning("%s replied with tool call ids already used in the history (%s): "
-                       "fresh ids given", self.model.provider,
-                       ", ".join(_quoted(r) for r in renamed[:5]))
+        LOGGER.warning("%s replied with tool call ids already used in the history or that "
+                       "no provider would take back (%s): fresh ids given", self.model.provider,
+                       ", ".join(_quoted(r, 40) for r in renamed[:5]))
         message = response.message.model_copy(update={"blocks": tuple(blocks)})
         return response.model_copy(update={"message": message})
 

@@ -31,9 +31,11 @@ from runtime.llm import (
     run_steps,
 )
 from runtime.llm.history import (
+    MAX_CALL_ID_CHARS,
     CallIds,
     fresh_call_id,
     repeated_call_ids,
+    replayable_call_id,
     unanswered_calls,
     with_unique_call_ids,
 )
@@ -154,7 +156,44 @@ def test_call_ids_keep_a_new_id_and_mint_for_an_empty_or_used_one() -> None:
     assert FRESH.fullmatch(fresh_call_id()) and fresh_call_id() != fresh_call_id()
 
 
-# -- adapters: ids a server leaves out or repeats ------------------------------------------
+def test_call_ids_mint_for_an_id_no_provider_takes_back_and_keep_a_valid_one() -> None:
+    ids = CallIds()
+    good = ["toolu_01A-b_9", "a", "x" * MAX_CALL_ID_CHARS, "call_0"]
+    assert [ids.take(g) for g in good] == good
+    for bad in BAD_IDS:
+        assert not replayable_call_id(bad)
+        assert FRESH.fullmatch(ids.take(bad))
+    assert FRESH.fullmatch(ids.take(42))  # not a string at all
+
+
+BAD_IDS = ["call_\ufffd", "x" * 900_000, "x" * (MAX_CALL_ID_CHARS + 1), "call.1", "a:b",
+           "id with spaces", "toolu_\n"]
+"""Ids a hostile probe saw replayed as sent: U+FFFD (a surrogate once replaced), 500-900 KB,
+punctuation. Anthropic takes ``^[a-zA-Z0-9_-]+$`` back; OpenAI's ids are short."""
+
+
+# -- adapters: ids a server leaves out, repeats or gets wrong -------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_an_id_no_provider_would_take_back_is_replaced_and_a_valid_one_kept(
+        serve: Any, provider: str, mode: str) -> None:
+    """The ids of ``BAD_IDS`` from a server get fresh ones, so the next request carries only
+    ids every provider accepts (it carried the 900 KB one, and U+FFFD to Anthropic)."""
+    good = "toolu_01Ok-_9" if provider == "anthropic" else "call_Ok-_9"
+    srv = serve(wire(provider, calls(good, *BAD_IDS[:4]), mode))
+    model = adapter(provider, srv.url)
+    got = await reply_of(model, mode)
+    kept, *minted = got.message.tool_uses()
+    assert kept.id == good
+    assert all(FRESH.fullmatch(u.id) for u in minted) and len({u.id for u in minted}) == 4
+    assert [u.input for u in got.message.tool_uses()] == [{"n": n} for n in range(5)]
+    answers = Message(role=Role.USER, blocks=tuple(
+        ToolResult(tool_use_id=u.id, content="ok") for u in got.message.tool_uses()))
+    body = json.loads(model.encode(ask([got.message, answers]), stream=True))
+    sent = re.findall(r'"(?:id|tool_use_id|tool_call_id)": "([^"]*)"', json.dumps(body))
+    assert len(sent) == 10 and all(replayable_call_id(i) for i in sent), sent
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -253,6 +292,38 @@ async def test_an_id_less_server_across_steps_gives_a_valid_history(serve: Any) 
     sent = [[c["id"] for m in r.body["messages"] for c in m.get("tool_calls") or ()]
             for r in srv.requests]
     assert len(sent[2]) == 2 and len(set(sent[2])) == 2
+
+
+async def test_the_step_engine_replaces_an_id_no_provider_takes_back_for_any_model(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A scripted model (any model) replying with ``BAD_IDS``: each call gets a fresh id
+    before the reply is appended, its result follows it, a valid id is kept."""
+    model = ScriptedModel([Reply(tool_calls=[call("t", {"n": n}, id=i) for n, i in
+                                             enumerate(["keep_me", *BAD_IDS])]), "Done."])
+    history = await run(model, [Message.text(Role.USER, "go")])
+    kept, *minted = history[1].tool_uses()
+    assert kept.id == "keep_me" and all(FRESH.fullmatch(u.id) for u in minted)
+    assert [(r.tool_use_id, r.content) for r in history[2].blocks] == [
+        (u.id, f"done {n}") for n, u in enumerate(history[1].tool_uses())]
+    assert "no provider would take back" in caplog.text
+    assert len(caplog.text) < 5_000  # the 900 KB id is quoted in part
+
+
+def test_a_stored_history_with_ids_no_provider_takes_back_is_mended() -> None:
+    """A history stored before the rule (a server's 900 KB id, U+FFFD): each such call gets
+    a fresh id and its result follows it, so the dialog's next request replays."""
+    old = [Message.text(Role.USER, "go"),
+           Message(role=Role.ASSISTANT, blocks=tuple(ToolUse(id=i, name="t")
+                                                     for i in ["fine", *BAD_IDS[:3]])),
+           Message(role=Role.USER, blocks=tuple(
+               ToolResult(tool_use_id=i, content=f"r{n}")
+               for n, i in enumerate(["fine", *BAD_IDS[:3]])))]
+    fixed = with_unique_call_ids(old)
+    ids = [u.id for u in fixed[1].tool_uses()]
+    assert ids[0] == "fine" and all(FRESH.fullmatch(i) for i in ids[1:])
+    assert [(r.tool_use_id, r.content) for r in fixed[2].blocks] == [
+        (i, f"r{n}") for n, i in enumerate(ids)]
+    assert with_unique_call_ids(fixed) == fixed and fixed[0] is old[0]
 
 
 def test_a_stored_history_that_reused_ids_is_made_valid_with_each_result_following_its_call(

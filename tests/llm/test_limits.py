@@ -22,6 +22,7 @@ from runtime.llm import (
     Fault,
     LLMError,
     Message,
+    OpaqueBlock,
     Pause,
     Request,
     Response,
@@ -41,6 +42,7 @@ from runtime.llm.limits import (
     DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_CALL_TIMEOUT,
     MAX_SSE_LINE_BYTES,
+    MAX_TOOL_NAME_CHARS,
     ReplyLimits,
 )
 from runtime.llm.providers._http import HTTPModel
@@ -284,6 +286,206 @@ async def test_a_reply_past_the_reply_cap_fails_terminal(
     got = await run(adapter(provider, srv2.url, limits=ReplyLimits(reply_chars=20_000)), mode)
     assert big in (got.message.text_content() + json.dumps(
         [u.input for u in got.message.tool_uses()]))
+
+
+def assert_capped(info: pytest.ExceptionInfo[LLMError], srv: LoopbackServer, sleeps: Sleeps,
+                  what: str = "reply cap") -> None:
+    """The call failed terminal at ``what``, after one request and no retry."""
+    err = info.value
+    assert err.fault is Fault.TERMINAL and what in err.message, err.message
+    assert len(srv.requests) == 1 and sleeps.waits == []
+    assert len(err.message) < 1_000
+
+
+@pytest.mark.parametrize("field", ["thinking", "signature"])
+async def test_anthropic_thinking_and_signatures_count_toward_the_reply_cap_as_they_stream(
+        serve: Any, field: str) -> None:
+    """16 MiB of thinking (or signature) deltas against a cap of 256,000 characters: they
+    were gathered uncounted, by quadratic string joining (RSS +311 MB in 2.5 s), and the
+    turn went on to carry the block in every later request."""
+    thought = OpaqueBlock(provider="anthropic", raw=json.dumps(
+        {"type": "thinking", "thinking": "hm", "signature": "c2ln"}))
+    head = streamed("anthropic", reply(thought, "ok"))[:2]  # message_start, the block's start
+    delta = {"type": "content_block_delta", "index": 0,
+             "delta": {"type": f"{field}_delta", field: "t" * 16384}}
+    check_event("content_block_delta", delta)
+    respond, sent_all = endless(b"".join(head), sse("content_block_delta", delta), 16 * MiB)
+    srv = serve(respond)
+    sleeps = Sleeps()
+    model = adapter("anthropic", srv.url, limits=ReplyLimits(reply_chars=256_000),
+                    retry=policy(sleeps, attempts=4))
+    tracemalloc.start()
+    try:
+        with anyio.fail_after(30), pytest.raises(LLMError) as info:
+            await run(model, "stream")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert_capped(info, srv, sleeps)
+    assert peak < 4 * MiB, f"held {peak:,} bytes"
+    assert not sent_all.is_set()
+
+
+async def test_anthropic_thinking_under_the_cap_is_replayed_as_it_came(serve: Any) -> None:
+    """The deltas are gathered as lists now: the block still assembles to the same JSON."""
+    raw = json.dumps({"type": "thinking", "thinking": "a" * 5000 + "é", "signature": "c2ln" * 9},
+                     separators=(",", ":"), ensure_ascii=False)
+    srv = serve(long_reply("anthropic", (OpaqueBlock(provider="anthropic", raw=raw), "ok"),
+                           "stream"))
+    got = await run(adapter("anthropic", srv.url), "stream")
+    assert got.message.blocks[0] == OpaqueBlock(provider="anthropic", raw=raw)
+
+
+async def test_openai_arguments_before_a_call_name_count_toward_the_reply_cap(
+        serve: Any) -> None:
+    """Argument fragments of a call whose name has not come yet are held back until it does:
+    a server that never names the call grew the process by 555 MB in 3 s, uncounted."""
+    chunks = render_chunks(reply("ok", ToolUse(id="call_a", name="save", input={"k": 1}),
+                                 stop=StopReason.TOOL_USE), include_usage=True)
+    head = [c for c in chunks if not c["choices"] or "tool_calls" not in c["choices"][0][
+        "delta"]][:2]  # the role chunk, the text
+    nameless = json.loads(json.dumps(head[-1]))
+    nameless["choices"][0]["delta"] = {
+        "tool_calls": [{"index": 0, "function": {"arguments": "x" * 16384}}]}
+    for c in (*head, nameless):
+        validate_chunk(c)
+    respond, sent_all = endless(b"".join(sse(None, c) for c in head), sse(None, nameless),
+                                16 * MiB)
+    srv = serve(respond)
+    sleeps = Sleeps()
+    model = adapter("openai", srv.url, limits=ReplyLimits(reply_chars=256_000),
+                    retry=policy(sleeps, attempts=4))
+    tracemalloc.start()
+    try:
+        with anyio.fail_after(30), pytest.raises(LLMError) as info:
+            await run(model, "stream")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert_capped(info, srv, sleeps)
+    assert peak < 4 * MiB, f"held {peak:,} bytes"
+    assert not sent_all.is_set()
+
+
+async def test_openai_arguments_before_a_call_name_are_counted_once(serve: Any) -> None:
+    """What was held back and then announced counts once: a reply just under the cap whose
+    arguments all came before the name passes."""
+    chunks = render_chunks(reply(ToolUse(id="call_a", name="save", input={"d": "y" * 3000}),
+                                 stop=StopReason.TOOL_USE), include_usage=True)
+    calls = [c for c in chunks if c["choices"] and "tool_calls" in c["choices"][0]["delta"]]
+    named, *fragments = calls  # the name first, as OpenAI sends it: move it last
+    order = [c for c in chunks if c not in calls]
+    for f in fragments:
+        f["choices"][0]["delta"]["tool_calls"][0].update(id="call_a")
+    named["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] = ""
+    stream = [order[0], *fragments, named, *order[1:]]
+    for c in stream:
+        validate_chunk(c)
+    body = b"".join(sse(None, c) for c in stream) + sse(None, "[DONE]")
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        ex.start_stream()
+        ex.handler.wfile.write(body)
+
+    srv = serve(respond)
+    model = adapter("openai", srv.url, limits=ReplyLimits(reply_chars=3_100))
+    got = await run(model, "stream")
+    assert got.message.tool_uses()[0].input == {"d": "y" * 3000}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_tool_name_past_the_name_cap_fails_terminal(
+        serve: Any, provider: str, mode: str) -> None:
+    """Calls named by 900 KB strings were accepted, stored and replayed (40 of them made a
+    144 MB next request); a tool name has at most ``MAX_TOOL_NAME_CHARS`` characters."""
+    huge = "n" * 900_000
+    blocks = ("ok", *(ToolUse(id=f"call_{k}", name=huge, input={}) for k in range(3)))
+    srv = serve(long_reply(provider, blocks, mode))
+    sleeps = Sleeps()
+    with pytest.raises(LLMError) as info:
+        await run(adapter(provider, srv.url, retry=policy(sleeps, attempts=4)), mode)
+    assert_capped(info, srv, sleeps, "tool name cap")
+    assert "900,000 characters" in info.value.message
+    # a name of MAX_TOOL_NAME_CHARS is a name
+    longest = "n" * MAX_TOOL_NAME_CHARS
+    srv = serve(long_reply(provider, ("ok", ToolUse(id="call_a", name=longest)), mode))
+    got = await run(adapter(provider, srv.url), mode)
+    assert got.message.tool_uses()[0].name == longest
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_tool_names_and_ids_count_toward_the_reply_cap(
+        serve: Any, provider: str, mode: str) -> None:
+    """40 calls with empty arguments, each with a 200-character name and a 64-character id:
+    about 10,700 characters against a cap of 8,000 (only the arguments counted: 80)."""
+    blocks = ("ok", *(ToolUse(id=f"{k:064d}", name=f"{k:0200d}", input={})
+                      for k in range(40)))
+    srv = serve(long_reply(provider, blocks, mode))
+    sleeps = Sleeps()
+    with pytest.raises(LLMError) as info:
+        await run(adapter(provider, srv.url, limits=ReplyLimits(reply_chars=8_000),
+                          retry=policy(sleeps, attempts=4)), mode)
+    assert_capped(info, srv, sleeps)
+    srv = serve(long_reply(provider, blocks, mode))
+    got = await run(adapter(provider, srv.url, limits=ReplyLimits(reply_chars=12_000)), mode)
+    assert len(got.message.tool_uses()) == 40
+
+
+DEEP = "[" * 200_000 + "]" * 200_000
+"""200,000 levels of nesting: 400 KB, under every size cap, past any recursion limit."""
+
+
+def deeply_nested(provider: str, mode: str) -> Callable[[Recorded, Exchange], None]:
+    """A reply whose one tool call's arguments are ``{"q": DEEP}``, valid wire otherwise."""
+    call = ToolUse(id="call_a", name="save", input={"q": "PLACEHOLDER"})
+    response = reply("ok", call, stop=StopReason.TOOL_USE)
+    args = '{"q": ' + DEEP + "}"
+    if mode == "generate":
+        if provider == "anthropic":
+            text = json.dumps(message_body(response, model="claude-sonnet-4-5"))
+            data = text.replace('"PLACEHOLDER"', DEEP).encode()
+        else:
+            body = render_completion(response)
+            body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = args
+            validate_completion(body)
+            data = json.dumps(body).encode()
+        return lambda rec, ex: ex.send_bytes(200, data)
+    if provider == "anthropic":
+        events = stream_events(response, model="claude-sonnet-4-5")
+        parts = [d["delta"] for _, d in events
+                 if d["type"] == "content_block_delta" and "partial_json" in d["delta"]]
+    else:
+        events = [(None, c) for c in render_chunks(response, include_usage=True)]
+        parts = [t["function"] for _, c in events if c["choices"]
+                 for t in c["choices"][0]["delta"].get("tool_calls") or ()]
+    key = "partial_json" if provider == "anthropic" else "arguments"
+    for k, part in enumerate(p for p in parts if p[key]):
+        part[key] = args if k == 0 else ""
+    for name, data in events:
+        check_event(name, data) if provider == "anthropic" else validate_chunk(data)
+    wire = b"".join(sse(name, data) for name, data in events)
+    wire += sse(None, "[DONE]") if provider == "openai" else b""
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        ex.start_stream()
+        ex.handler.wfile.write(wire)
+
+    return respond
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_arguments_nested_too_deeply_are_a_terminal_malformed_reply(
+        serve: Any, provider: str, mode: str) -> None:
+    """They raised ``RecursionError`` out of the adapters and the assembler."""
+    srv = serve(deeply_nested(provider, mode))
+    sleeps = Sleeps()
+    with pytest.raises(LLMError) as info:
+        await run(adapter(provider, srv.url, retry=policy(sleeps, attempts=4)), mode)
+    assert_capped(info, srv, sleeps, "too deeply to parse")
+    assert "malformed" in info.value.message
 
 
 # -- 2. deadlines: an attempt, a call ---------------------------------------------------------
