@@ -336,21 +336,38 @@ async def test_anthropic_thinking_under_the_cap_is_replayed_as_it_came(serve: An
     assert got.message.blocks[0] == OpaqueBlock(provider="anthropic", raw=raw)
 
 
-async def test_openai_arguments_before_a_call_name_count_toward_the_reply_cap(
-        serve: Any) -> None:
-    """Argument fragments of a call whose name has not come yet are held back until it does:
-    a server that never names the call grew the process by 555 MB in 3 s, uncounted."""
+@pytest.mark.parametrize("what", ["arguments", "ids"])
+async def test_openai_what_comes_before_a_call_name_counts_toward_the_reply_cap(
+        serve: Any, what: str) -> None:
+    """Argument fragments (or the ids of ever more calls) whose name has not come yet are
+    held back until it does: a server that never names the call grew the process by 555 MB
+    in 3 s, uncounted."""
     chunks = render_chunks(reply("ok", ToolUse(id="call_a", name="save", input={"k": 1}),
                                  stop=StopReason.TOOL_USE), include_usage=True)
     head = [c for c in chunks if not c["choices"] or "tool_calls" not in c["choices"][0][
         "delta"]][:2]  # the role chunk, the text
-    nameless = json.loads(json.dumps(head[-1]))
-    nameless["choices"][0]["delta"] = {
-        "tool_calls": [{"index": 0, "function": {"arguments": "x" * 16384}}]}
-    for c in (*head, nameless):
+
+    def nameless(k: int) -> bytes:
+        chunk = json.loads(json.dumps(head[-1]))
+        call = ({"index": 0, "function": {"arguments": "x" * 16384}} if what == "arguments"
+                else {"index": k, "id": f"{k:016384d}", "type": "function"})
+        chunk["choices"][0]["delta"] = {"tool_calls": [call]}
+        validate_chunk(chunk)
+        return sse(None, chunk)
+
+    for c in head:
         validate_chunk(c)
-    respond, sent_all = endless(b"".join(sse(None, c) for c in head), sse(None, nameless),
-                                16 * MiB)
+    sent_all = threading.Event()
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        ex.start_stream()
+        out = ex.handler.wfile
+        out.write(b"".join(sse(None, c) for c in head))
+        for k in range(16 * MiB // 16384):
+            out.write(nameless(k))
+        out.flush()
+        sent_all.set()
+
     srv = serve(respond)
     sleeps = Sleeps()
     model = adapter("openai", srv.url, limits=ReplyLimits(reply_chars=256_000),

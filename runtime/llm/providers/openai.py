@@ -396,6 +396,8 @@ class _Call:
     id: str = ""
     name: str = ""
     pending: list[str] = field(default_factory=list)
+    held: int = 0  # characters of id and arguments held back before the name came
+    spent: int = 0  # how many of them the budget has been charged
     started: bool = False
     ended: bool = False
 
@@ -405,8 +407,9 @@ class ChunkDecoder:
 
     Tool calls are tracked by their wire ``index`` (parallel calls may interleave); a call is
     announced once its name is known, with any argument text that arrived before it. That
-    text is spent from ``budget`` as it arrives and given back when it goes out as an event,
-    which the attempt counts (none: uncounted, for a caller that decodes chunks it holds).
+    text and the call's id are spent from ``budget`` as they arrive and given back when they
+    go out as events, which the attempt counts (none: uncounted, for a caller that decodes
+    chunks it holds).
     """
 
     def __init__(self, budget: ReplyBudget | None = None) -> None:
@@ -452,23 +455,29 @@ class ChunkDecoder:
         arguments = function.get("arguments") or ""
         if call.started:
             return [ToolCallDelta(index=_FIRST_CALL + i, arguments=arguments)] if arguments else []
-        call.id = call.id or delta.get("id") or ""
+        if not call.id and (cid := delta.get("id")):
+            if type(cid) is not str:
+                raise TypeError("a tool call id is not text")
+            call.id = cid
+            call.held += len(cid)
         call.name = call.name or function.get("name") or ""
         if arguments:
             if type(arguments) is not str:
                 raise TypeError("tool call arguments are not text")
-            if self._budget is not None:
-                self._budget.spend(len(arguments))
             call.pending.append(arguments)
+            call.held += len(arguments)
         if not call.name:
+            if self._budget is not None:  # held back until the name comes: counted now
+                self._budget.spend(call.held - call.spent)
+                call.spent = call.held
             return []
         call.started = True
+        if self._budget is not None:
+            self._budget.refund(call.spent)  # the attempt counts the events they become
         out: list[StreamEvent] = [
             ToolCallStart(index=_FIRST_CALL + i, id=self._ids.take(call.id), name=call.name)
         ]
         if text := "".join(call.pending):
-            if self._budget is not None:
-                self._budget.refund(len(text))  # the attempt counts the event it becomes
             out.append(ToolCallDelta(index=_FIRST_CALL + i, arguments=text))
         call.pending.clear()
         return out
