@@ -77,6 +77,19 @@ async def run(model: HTTPModel, mode: str) -> Response:
     return await (model.generate(ask()) if mode == "generate" else assemble(model.stream(ask())))
 
 
+async def failed_stream(model: HTTPModel) -> tuple[pytest.ExceptionInfo[LLMError], int]:
+    """A streamed call that must fail (bounded by a deadline), and the most memory traced
+    while it ran."""
+    tracemalloc.start()
+    try:
+        with anyio.fail_after(30), pytest.raises(LLMError) as info:
+            await run(model, "stream")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return info, peak
+
+
 def reply(*blocks: Any, stop: StopReason = StopReason.END_TURN) -> Response:
     content = tuple(TextBlock(text=b) if isinstance(b, str) else b for b in blocks)
     return Response(message=Message(role=Role.ASSISTANT, blocks=content), stop_reason=stop,
@@ -179,13 +192,7 @@ async def test_a_line_without_end_fails_as_malformed_and_holds_one_cap_of_it(
     respond, sent_all = endless(b"data: ", b"x" * 65536)
     srv = serve(respond)
     sleeps = Sleeps()
-    tracemalloc.start()
-    try:
-        with pytest.raises(LLMError) as info:
-            await run(adapter(provider, srv.url, retry=policy(sleeps, attempts=4)), "stream")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    info, peak = await failed_stream(adapter(provider, srv.url, retry=policy(sleeps, attempts=4)))
     err = info.value
     assert err.fault is Fault.TERMINAL and err.message.startswith("malformed response")
     assert "line cap" in err.message and f"{MAX_SSE_LINE_BYTES:,} bytes" in err.message
@@ -200,13 +207,7 @@ async def test_data_lines_without_a_blank_line_fail_at_the_event_cap(
     respond, sent_all = endless(b"", b"data: " + b"y" * 1000 + b"\n")
     srv = serve(respond)
     limits = ReplyLimits(sse_event_bytes=MiB)
-    tracemalloc.start()
-    try:
-        with pytest.raises(LLMError) as info:
-            await run(adapter(provider, srv.url, limits=limits), "stream")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    info, peak = await failed_stream(adapter(provider, srv.url, limits=limits))
     assert info.value.fault is Fault.TERMINAL
     assert "event cap" in info.value.message and "1,048,576 bytes" in info.value.message
     assert peak < 4 * MiB, f"held {peak:,} bytes"
@@ -314,13 +315,7 @@ async def test_anthropic_thinking_and_signatures_count_toward_the_reply_cap_as_t
     sleeps = Sleeps()
     model = adapter("anthropic", srv.url, limits=ReplyLimits(reply_chars=256_000),
                     retry=policy(sleeps, attempts=4))
-    tracemalloc.start()
-    try:
-        with anyio.fail_after(30), pytest.raises(LLMError) as info:
-            await run(model, "stream")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    info, peak = await failed_stream(model)
     assert_capped(info, srv, sleeps)
     assert peak < 4 * MiB, f"held {peak:,} bytes"
     assert not sent_all.is_set()
@@ -372,13 +367,7 @@ async def test_openai_what_comes_before_a_call_name_counts_toward_the_reply_cap(
     sleeps = Sleeps()
     model = adapter("openai", srv.url, limits=ReplyLimits(reply_chars=256_000),
                     retry=policy(sleeps, attempts=4))
-    tracemalloc.start()
-    try:
-        with anyio.fail_after(30), pytest.raises(LLMError) as info:
-            await run(model, "stream")
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    info, peak = await failed_stream(model)
     assert_capped(info, srv, sleeps)
     assert peak < 4 * MiB, f"held {peak:,} bytes"
     assert not sent_all.is_set()
