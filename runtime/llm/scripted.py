@@ -14,6 +14,13 @@ A script is a list of steps, one per model call, consumed in order by ``generate
 
 Every request is recorded in ``model.requests``; a call past the end of the script fails with a
 terminal ``LLMError``; ``assert_complete()`` checks that the whole script was used.
+
+The model stands for a provider, and providers keep to a request's ``tool_choice``: a
+scripted reply (text, ``Reply`` or ``Response``) that contradicts it (a call under ``none``,
+no call under ``required``, another tool than the one named) fails that call with a terminal
+``LLMError`` saying so, rather than let a test pass on a reply no provider would send.
+``ScriptedModel(..., check_tool_choice=False)`` plays a model that ignores the choice (a
+small local one, say); a verbatim list of events is never checked.
 """
 
 from __future__ import annotations
@@ -91,10 +98,12 @@ class ScriptedModel:
     """
 
     def __init__(
-        self, steps: Iterable[Step] = (), *, name: str = "scripted", provider: str = "scripted"
+        self, steps: Iterable[Step] = (), *, name: str = "scripted", provider: str = "scripted",
+        check_tool_choice: bool = True,
     ) -> None:
         self._name = name
         self._provider = provider
+        self._check_choice = check_tool_choice
         self._steps: list[Step] = list(steps)
         self._next = 0
         self._lock = threading.Lock()
@@ -145,10 +154,13 @@ class ScriptedModel:
     async def generate(self, request: Request) -> Response:
         number, step = self._take(request)
         step = await self._wait(step)
-        if isinstance(step, Response):
-            return step
         if isinstance(step, BaseException):
             raise step
+        if isinstance(step, Response | Reply | str):
+            response = self._reply(request, step, number)
+            if isinstance(step, Response):
+                return response
+            step = response
         asm = Assembler(self._provider)
         async for event in self._play(step, number):
             asm.feed(event)
@@ -159,6 +171,8 @@ class ScriptedModel:
         step = await self._wait(step)
         if isinstance(step, BaseException):
             raise step
+        if isinstance(step, Response | Reply | str):
+            step = self._reply(request, step, number)
         async for event in self._play(step, number):
             yield event
 
@@ -198,6 +212,21 @@ class ScriptedModel:
             await anyio.sleep(step.seconds)
             step = step.step
         return step
+
+    def _reply(self, request: Request, step: Response | Reply | str, number: int) -> Response:
+        """The reply of a step, refused if it contradicts the request's ``tool_choice``."""
+        response = self._response(step, number)
+        choice = request.tool_choice
+        if self._check_choice and choice.mode != "auto" and (
+                why := choice.honoured_by(response.message)):
+            raise LLMError(
+                f"scripted reply {number} contradicts the request's tool_choice: {why}, which "
+                "no provider would send (script a reply that keeps to it, or pass "
+                "ScriptedModel(..., check_tool_choice=False) to play a model that ignores it)",
+                fault=Fault.TERMINAL,
+                provider=self._provider,
+            )
+        return response
 
     def _response(self, step: Response | Reply | str, number: int) -> Response:
         if isinstance(step, Response):

@@ -5,8 +5,9 @@ One loop, written once, for every caller of the port that lets a model use tools
 that are Python methods). It knows nothing of cells: a caller gives it
 
 - ``build_request(history, step) -> Request``, called before *every* model call with the
-  whole history so far (the dialog rebuilds its system prompt each step). The engine never
-  changes the request it gets; it only reads ``request.tools`` to check the calls made;
+  whole history so far (the dialog rebuilds its system prompt each step). The engine
+  changes nothing in the request it gets but a forcing ``tool_choice`` (below); it reads
+  ``request.tools`` to check the calls made;
 - ``execute(call) -> output``, an async function that runs one tool call;
 - a ``StepSink`` of optional callbacks that hear what happens as it happens.
 
@@ -38,6 +39,14 @@ with its result, which the engine writes itself, so nothing is lost; refusing th
 instead would fail a turn over a model's bookkeeping (a scripted model restarted on an old
 history repeats its ids, and so do some OpenAI-compatible servers).
 
+A forcing ``tool_choice`` (``required``, or a named tool) makes the model call a tool, and
+a reply with a call is never the last: under such a choice at every step a run could only
+end at ``max_steps``. So the choice holds for the first step only
+(``ToolChoiceScope.FIRST_STEP``, the default): once a reply of the run has called a tool,
+every later request goes out with ``tool_choice="auto"``, whatever ``build_request`` put
+there. ``EVERY_STEP`` sends each request as built, for a caller that ends the run itself.
+``auto`` and ``none`` are always sent as built.
+
 Cancellation is the caller's anyio cancel scope. Whatever is in flight (the model request,
 a tool) is cancelled; but every tool call the sink has been told about is answered before
 the cancellation propagates, so what the sink heard is always a history every provider
@@ -65,7 +74,7 @@ from .errors import Fault, LLMError, cap_message
 from .events import Assembler, TextDelta
 from .history import CallIds
 from .model import Model
-from .types import Message, Request, Response, Role, Tool, ToolResult, ToolUse, Usage
+from .types import AUTO, Message, Request, Response, Role, Tool, ToolResult, ToolUse, Usage
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -75,6 +84,7 @@ __all__ = [
     "StepSink",
     "StepsOutcome",
     "StepsStatus",
+    "ToolChoiceScope",
     "ToolError",
     "ToolOutput",
     "check_arguments",
@@ -105,6 +115,14 @@ _Callback: TypeAlias = Callable[[Any], Awaitable[None] | None] | None
 class ToolError(Exception):
     """Raise it from ``execute`` to answer the call with exactly this message as an error
     result: no exception type, no schema added (any other exception gets both)."""
+
+
+class ToolChoiceScope(StrEnum):
+    """Which steps of a run a forcing ``tool_choice`` (``required``, a named tool) holds for."""
+
+    FIRST_STEP = "first_step"  # until a reply has called a tool; "auto" from then on
+    EVERY_STEP = "every_step"  # every request as built: the run ends at max_steps at the
+    #                            latest (for a caller that ends it itself, by cancelling)
 
 
 class StepsStatus(StrEnum):
@@ -176,6 +194,7 @@ async def run_steps(
     history: Sequence[Message] = (),
     sink: StepSink | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
+    tool_choice_scope: ToolChoiceScope | str = ToolChoiceScope.FIRST_STEP,
 ) -> StepsOutcome:
     """Run model calls and their tool calls until the model answers without calling a tool.
 
@@ -190,6 +209,10 @@ async def run_steps(
     calls, whose last tool results are appended) or ``ERROR`` (an ``LLMError`` from the model,
     including a malformed stream, or an empty reply: no text and no tool calls, which is not
     appended). Raises ``ValueError`` for a ``max_steps`` below 1.
+
+    ``tool_choice_scope``: a request's forcing ``tool_choice`` (``required``, a named tool)
+    holds until a reply of this run has called a tool, and later requests go out with
+    ``"auto"`` (``FIRST_STEP``, the default); ``EVERY_STEP`` sends every request as built.
 
     Cancellation (the caller's cancel scope, or any exception that interrupts the tools):
 
@@ -208,8 +231,14 @@ async def run_steps(
     """
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    try:
+        scope = ToolChoiceScope(tool_choice_scope)
+    except ValueError:
+        raise ValueError(f"tool_choice_scope must be one of {[s.value for s in ToolChoiceScope]}"
+                         f", got {tool_choice_scope!r}") from None
     past = list(history)
-    run = _StepLoop(model, build_request, execute, past, sink or StepSink(), CallIds.of(past))
+    run = _StepLoop(model, build_request, execute, past, sink or StepSink(), CallIds.of(past),
+                    relax_choice=scope is ToolChoiceScope.FIRST_STEP)
     outcome = await run.loop(max_steps)
     await _emit(run.sink.on_end, outcome)
     return outcome
@@ -223,6 +252,8 @@ class _StepLoop:
     history: list[Message]
     sink: StepSink
     ids: CallIds  # every call id of the history: a reply's calls get ids none of these
+    relax_choice: bool = True  # a forcing tool_choice becomes "auto" once a tool was called
+    called: bool = False  # a reply of this run has called a tool
     appended: list[Message] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     steps: int = 0
@@ -242,6 +273,8 @@ class _StepLoop:
                     f"build_request must return a runtime.llm Request, got "
                     f"{type(request).__name__}"
                 )
+            if self.called and self.relax_choice and request.tool_choice.forces:
+                request = request.model_copy(update={"tool_choice": AUTO})  # module doc
             await _emit(self.sink.on_step, self.steps)
             try:
                 response = await self.call_model(request)
@@ -258,6 +291,7 @@ class _StepLoop:
             await self.append(message)
             if not calls:
                 return self.outcome(StepsStatus.COMPLETED)
+            self.called = True
             await self.run_tools(calls, request.tools)
         return self.outcome(StepsStatus.MAX_STEPS)
 

@@ -10,19 +10,22 @@ refused if it holds a lone UTF-16 surrogate, with the error ``runtime._text`` wo
 a request carrying one cannot be encoded for any provider. Text a provider sends is not
 refused but replaced, by the adapters and the assembler, before it becomes these types.
 A history also never reuses a tool call's id (``Request`` refuses one that does): the id is
-what pairs a call with its result.
+what pairs a call with its result. And a request's ``tool_choice`` only names a tool the
+request offers: a choice that no provider could honour is refused here, not by a server.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
 import pydantic_core
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from .._text import describe_surrogate, has_surrogate
+from .limits import MAX_TOOL_NAME_CHARS
 
 
 class _Value(BaseModel):
@@ -186,6 +189,105 @@ class Tool(_Value):
     input_schema: JSONObject = Field(default_factory=lambda: {"type": "object"})
 
 
+ToolChoiceMode: TypeAlias = Literal["auto", "required", "none", "tool"]
+_MODES = ("auto", "required", "none")  # the modes a bare string may name
+_LISTED = 20  # the most tool names an error lists
+
+
+def _shown(name: str) -> str:
+    """A tool name as an error quotes it: at most 64 characters (names are input)."""
+    return repr(name) if len(name) <= 64 else f"{name[:64]!r} [... {len(name):,} characters]"
+
+
+class ToolChoice(_Value):
+    """Which tools the model may call in its reply.
+
+    - ``auto`` (the default): the model decides, as without a choice;
+    - ``required``: it calls at least one tool, any of the request's;
+    - ``none``: it calls none; the tools stay advertised, so a cached prefix holding them
+      stays valid (dropping them from the request would change it);
+    - ``tool``: it calls the tool ``name`` (and no other), which must be one of the
+      request's tools.
+
+    Where a ``ToolChoice`` is expected a string does: ``"auto"``, ``"required"`` and
+    ``"none"`` are those modes, and any other string names a tool (a tool that is itself
+    called ``"auto"`` is ``ToolChoice.tool("auto")``). ``required`` and ``tool`` *force* a
+    call; the step engine relaxes them after the first step (``steps.ToolChoiceScope``),
+    or a model that must call a tool at every step would never answer.
+    """
+
+    mode: ToolChoiceMode = "auto"
+    name: Text | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"mode": data} if data in _MODES else {"mode": "tool", "name": data}
+        return data
+
+    @model_validator(mode="after")
+    def _name_with_tool_only(self) -> ToolChoice:
+        if self.mode != "tool":
+            if self.name is not None:
+                raise ValueError(f"tool_choice {self.mode!r} takes no tool name (got "
+                                 f"{_shown(self.name)}): name a tool with ToolChoice.tool(name)")
+            return self
+        if not self.name:
+            raise ValueError("tool_choice 'tool' needs the name of the tool to call: "
+                             "ToolChoice.tool(name)")
+        if len(self.name) > MAX_TOOL_NAME_CHARS:
+            raise ValueError(
+                f"tool_choice names a tool of {len(self.name):,} characters, past the "
+                f"{MAX_TOOL_NAME_CHARS} a tool call's name may have: no model could call it")
+        return self
+
+    @classmethod
+    def tool(cls, name: str) -> ToolChoice:
+        """Force a call to the tool ``name`` (whatever the name, "auto" included)."""
+        return cls(mode="tool", name=name)
+
+    @property
+    def forces(self) -> bool:
+        """Does this choice make the model call a tool (``required`` or a named tool)?"""
+        return self.mode == "required" or self.mode == "tool"
+
+    def __str__(self) -> str:
+        return f"tool {_shown(self.name or '')}" if self.mode == "tool" else repr(self.mode)
+
+    def check(self, tools: Sequence[Tool]) -> None:
+        """Raise ``ValueError`` unless a request offering ``tools`` can honour this choice:
+        ``required`` needs a tool, and a named tool must be one of them."""
+        if not self.forces:
+            return
+        names = [t.name for t in tools]
+        if not names:
+            raise ValueError(f"tool_choice {self} forces a tool call, but the request offers "
+                             "no tools: offer the tool, or use 'auto' or 'none'")
+        if self.mode == "tool" and self.name not in names:
+            listed = ", ".join(_shown(n) for n in names[:_LISTED])
+            more = f" and {len(names) - _LISTED} more" if len(names) > _LISTED else ""
+            raise ValueError(
+                f"tool_choice names the {self}, which is not one of the request's tools "
+                f"({listed}{more}): name one of those, or use 'auto', 'required' or 'none'")
+
+    def honoured_by(self, message: Message) -> str | None:
+        """None if a reply ``message`` keeps to this choice, else how it does not (for test
+        doubles and local models, which must be checked: the providers keep to it)."""
+        called = [u.name for u in message.tool_uses()]
+        if self.mode == "none" and called:
+            return f"it calls {_shown(called[0])} although tool_choice is 'none'"
+        if self.forces and not called:
+            return f"it calls no tool although tool_choice {self} forces a call"
+        if self.mode == "tool" and (other := next((n for n in called if n != self.name), None)):
+            return f"it calls {_shown(other)} although tool_choice is the {self}"
+        return None
+
+
+AUTO = ToolChoice()
+"""The default choice: the model decides."""
+
+
 class CacheHint(_Value):
     """Which parts of a request are stable across turns (advisory, provider-neutral).
 
@@ -222,7 +324,10 @@ class Request(_Value):
     """One call to a model: instructions, the conversation so far, tools and limits.
 
     Its history never reuses a tool call's id: a duplicate is refused (``ValueError``, as a
-    pydantic ``ValidationError``), as no provider could pair each call with its result."""
+    pydantic ``ValidationError``), as no provider could pair each call with its result.
+    ``tool_choice`` (a ``ToolChoice``, or a string as it takes one) is checked against
+    ``tools`` the same way: ``required`` without tools, or a tool name the request does not
+    offer, is refused."""
 
     system: Text = ""
     messages: tuple[Message, ...] = ()
@@ -231,6 +336,13 @@ class Request(_Value):
     cache: CacheHint = CacheHint()
     sampling: Sampling | None = None
     reasoning_effort: Literal["low", "medium", "high"] | None = None
+    tool_choice: ToolChoice = AUTO
+
+    @model_validator(mode="after")
+    def _tool_choice_offered(self) -> Request:
+        if self.tool_choice.mode != "auto":  # the common case: nothing to check
+            self.tool_choice.check(self.tools)
+        return self
 
     @model_validator(mode="after")
     def _call_ids_unique(self) -> Request:

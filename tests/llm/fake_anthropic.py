@@ -6,6 +6,12 @@ body, and the broken-stream steps as what their names say. Everything the fake s
 validated against the official ``anthropic`` SDK types in strict mode, and every request it
 receives against the SDK's request params, so the fake cannot drift from the real wire format.
 
+A request's ``tool_choice`` (the SDK's ``ToolChoiceParam``) is held to what the API does
+with it: answered 400 without tools, for a tool the request does not offer, and for a
+choice that forces a call (``any``, ``tool``) with thinking on; a scripted reply that breaks
+it (a call under ``none``, none under ``any``, another tool than the one named) is refused
+as a failure of the test that scripted it, since the API never sends one.
+
 How a port ``Response`` maps onto the wire:
 
 - ``TextBlock`` -> ``text``, ``ToolUse`` -> ``tool_use``, ``OpaqueBlock(provider="anthropic")``
@@ -37,7 +43,7 @@ from anthropic.types.message_create_params import (
 from runtime.llm.types import OpaqueBlock, Response, StopReason, TextBlock, ToolUse
 
 from .loopback import Exchange, LoopbackServer, Recorded
-from .sdk_check import WireDrift, drain, no_extras, pieces
+from .sdk_check import WireDrift, contradiction, drain, no_extras, pieces, tool_choice_problem
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent, Step
 
 # -- fake-only steps (beyond the shared ones in steps.py) ---------------------------------
@@ -97,6 +103,7 @@ _BLOCK_PARAM = pydantic.TypeAdapter(sdk.ContentBlockParam)
 _TOOL_PARAM = pydantic.TypeAdapter(sdk.ToolUnionParam)
 _SYSTEM_PARAM = pydantic.TypeAdapter(sdk.TextBlockParam)
 _MESSAGE_PARAM = pydantic.TypeAdapter(sdk.MessageParam)
+_TOOL_CHOICE_PARAM = pydantic.TypeAdapter(sdk.ToolChoiceParam)
 _PARAMS = {
     False: pydantic.TypeAdapter(MessageCreateParamsNonStreaming),
     True: pydantic.TypeAdapter(MessageCreateParamsStreaming),
@@ -161,9 +168,31 @@ def check_request(body: dict[str, Any]) -> None:
         _same_param(_MESSAGE_PARAM, {**message, "content": []}, f"messages[{i}]")
         for j, block in enumerate(message["content"]):
             _same_param(_BLOCK_PARAM, block, f"messages[{i}].content[{j}]")
+    if "tool_choice" in body:
+        _same_param(_TOOL_CHOICE_PARAM, body["tool_choice"], "tool_choice")
     rest = {k: v for k, v in body.items() if k not in ("tools", "system")}
     rest["messages"] = []
     _same_param(_PARAMS[body.get("stream") is True], rest, "request")
+
+
+def tool_choice(body: dict[str, Any]) -> tuple[str, str | None]:
+    """A (checked) request's tool choice as (mode, tool name), in the port's words."""
+    choice = body.get("tool_choice", {"type": "auto"})
+    mode = {"any": "required"}.get(choice["type"], choice["type"])
+    return mode, choice.get("name")
+
+
+def tool_choice_refusal(body: dict[str, Any]) -> str | None:
+    """The API's 400 for the request's tool choice, or None."""
+    if "tool_choice" not in body:
+        return None
+    mode, name = tool_choice(body)
+    if problem := tool_choice_problem(mode, name, [t["name"] for t in body.get("tools", [])]):
+        return problem
+    if mode in ("required", "tool") and body.get("thinking", {}).get("type", "disabled") \
+            != "disabled":
+        return "Thinking may not be enabled when tool_choice forces tool use."
+    return None
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -338,7 +367,14 @@ class FakeAnthropic:
         except WireDrift as e:
             self.failures.append(e)
             return self._error(ex, 400, "invalid_request_error", str(e))
+        if refusal := tool_choice_refusal(body):
+            return self._error(ex, 400, "invalid_request_error", refusal)
         step, msg_id = self._next()
+        if isinstance(step, Response) and (broken := contradiction(
+                *tool_choice(body), [c.name for c in step.message.tool_uses()])):
+            self.failures.append(WireDrift(f"scripted reply: {broken}, which the API never "
+                                           "sends"))
+            return self._error(ex, 400, "invalid_request_error", f"fake: {broken}")
         streaming = body.get("stream") is True
         model = body["model"]
         match step:

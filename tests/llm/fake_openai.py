@@ -15,7 +15,12 @@ the validated tree and reject any ``model_extra``.
 
 Requests are checked the same way against the SDK's ``CompletionCreateParams`` (strict, extra
 keys forbidden); one that does not match is answered 400, as the real API would, with the
-validation errors as the message, and kept in ``rejected``.
+validation errors as the message, and kept in ``rejected``. ``tool_choice`` is one of those
+keys (the SDK's ``ChatCompletionToolChoiceOptionParam``), and the fake then holds a request to
+it as the API does: a choice without tools, or naming a function the request does not
+offer, is answered 400; and a scripted reply that breaks the choice (a call under ``none``,
+none under ``required``, another function than the one named) is refused the same way
+(the API never sends one, so the test that scripted it is wrong), also kept in ``rejected``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from openai.types.shared import ErrorObject
 from runtime.llm.types import Response, StopReason, TextBlock, ToolUse, Usage
 
 from .loopback import Exchange, LoopbackServer, Recorded
-from .sdk_check import WireDrift, drain, no_extras, pieces
+from .sdk_check import WireDrift, contradiction, drain, no_extras, pieces, tool_choice_problem
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent, Step
 
 PATH = "/v1/chat/completions"
@@ -90,6 +95,16 @@ def validate_request(body: dict[str, Any]) -> dict[str, Any]:
     """A request body as the SDK would build it: known keys only, each of the right type."""
     adapter = _STREAM_REQUEST if body.get("stream") is True else _REQUEST
     return drain(adapter.validate_python([body]))[0]
+
+
+def tool_choice(body: dict[str, Any]) -> tuple[str, str | None]:
+    """A (validated) request's tool choice as (mode, tool name): ``auto`` when absent."""
+    choice = body.get("tool_choice", "auto")
+    if isinstance(choice, str):
+        return choice, None
+    if choice.get("type") == "function":
+        return "tool", choice["function"]["name"]
+    return "auto", None  # allowed_tools, custom: choices the adapter never sends
 
 
 def validate_error(body: dict[str, Any]) -> ErrorObject:
@@ -334,16 +349,29 @@ class FakeOpenAI:
                 400, _error_body(f"fake: not a valid request: {e}", "invalid_request_error")
             )
             return
+        mode, name = tool_choice(body)
+        if "tool_choice" in body and (problem := tool_choice_problem(
+                mode, name, [t["function"]["name"] for t in body.get("tools", [])])):
+            self._refuse(ex, problem)
+            return
         with self._lock:
             prepared = self._steps.popleft() if self._steps else None
         if prepared is None:  # terminal, so a surplus call fails at once instead of retrying
             ex.send_json(400, _error_body("fake: no scripted reply left", "invalid_request_error"))
+            return
+        if isinstance(prepared.step, Response) and (broken := contradiction(
+                mode, name, [c.name for c in prepared.step.message.tool_uses()])):
+            self._refuse(ex, f"fake: {broken}, which the API never sends")
             return
         if body.get("stream") is True:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             self._stream(prepared, ex, prepared.chunks if usage else prepared.chunks_no_usage)
         else:
             self._json(prepared, ex)
+
+    def _refuse(self, ex: Exchange, message: str) -> None:
+        self.rejected.append(message)
+        ex.send_json(400, _error_body(message, "invalid_request_error"))
 
     def _json(self, p: _Prepared, ex: Exchange) -> None:
         if p.error is not None:

@@ -48,3 +48,26 @@ def pieces(text: str, size: int) -> list[str]:
     """``text`` cut into ``size``-character deltas, as a tokenizer would stream it, so a
     client must concatenate (one empty piece for empty text)."""
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def tool_choice_problem(mode: str, name: str | None, offered: list[str]) -> str | None:
+    """What the API answers 400 for in a request's tool choice (``mode``: ``auto``,
+    ``required``, ``none`` or ``tool``, already read from the wire), or None: a choice
+    without tools, or a named tool the request does not offer."""
+    if not offered:
+        return "tool_choice may only be specified while providing tools"
+    if mode == "tool" and name not in offered:
+        return f"tool_choice names the tool {name!r}, which is not in tools"
+    return None
+
+
+def contradiction(mode: str, name: str | None, called: list[str]) -> str | None:
+    """How a scripted reply calling ``called`` breaks the request's tool choice, or None.
+    The API never sends such a reply, so a fake refuses to play it: the test is wrong."""
+    if mode == "none" and called:
+        return f"the reply calls {called[0]!r} under tool_choice none"
+    if mode in ("required", "tool") and not called:
+        return f"the reply calls no tool under tool_choice {mode}"
+    if mode == "tool" and any(c != name for c in called):
+        return f"the reply calls another tool than {name!r}"
+    return None

@@ -5,7 +5,8 @@ Wire mapping, in brief:
 - The request body is built as text with a fixed key order and compact separators, so the
   same conversation always encodes to the same bytes and a prompt cache sees a byte-identical
   prefix across turns. Order: ``model``, ``tools``, ``system``, ``messages``, then the knobs
-  that may vary per call (``max_tokens``, ``thinking``, ``output_config``, ``stream``).
+  that may vary per call (``tool_choice``, ``max_tokens``, ``thinking``, ``output_config``,
+  ``stream``).
   Message content is always a list of blocks, never the string shorthand, so a message does
   not change shape when a cache marker lands on it.
 - ``thinking`` / ``redacted_thinking`` (and any other block type we do not model) come back
@@ -25,6 +26,15 @@ Wire mapping, in brief:
   both forms, so that amount is added to ``max_tokens`` as headroom and the request's own
   ``max_tokens`` keeps bounding the visible answer. The constructor's ``thinking=`` overrides
   the style for a model id the rule does not know (a gateway's alias, say).
+- ``tool_choice`` goes out as the API documents it: ``{"type": "any"}`` for ``required``,
+  ``{"type": "tool", "name": ...}`` for a named tool, ``{"type": "none"}`` for ``none``;
+  ``auto``, the API's default, is not sent, nor anything without tools (the API takes a
+  choice only with tools). A choice that forces a call cannot go with thinking (the API
+  answers 400, "Thinking may not be enabled when tool_choice forces tool use"), so such a
+  request with a ``reasoning_effort`` is refused before sending (terminal), never sent
+  with its thinking silently dropped. Changing the choice between calls (the step engine
+  does, after a forced first step) costs the cached messages, not the cached tools and
+  system prompt: the API keys its message cache on the choice.
 - ``Sampling`` is not sent. The Messages API as the official SDK (2.x) types it has no
   sampling parameters any more; current models reject ``temperature`` / ``top_p`` with a
   400, the 4.5 generation rejects the two together, and a hosted model cannot pin its
@@ -308,8 +318,10 @@ def encode_request(
         parts.append(f'"system":{_marked_list(blocks, hint.prefix)}')
     messages = [m for m in request.messages if m.role is not Role.SYSTEM]
     parts.append(f'"messages":{_encode_messages(messages, hint.stable_messages)}')
-    answer = request.max_tokens or max_tokens
     effort = request.reasoning_effort
+    if (choice := _encode_tool_choice(request)) is not None:
+        parts.append(f'"tool_choice":{compact_json(choice)}')
+    answer = request.max_tokens or max_tokens
     if effort is None:
         parts.append(f'"max_tokens":{answer}')
     else:
@@ -324,6 +336,24 @@ def encode_request(
     if stream:
         parts.append('"stream":true')
     return encode_text("{" + ",".join(parts) + "}")
+
+
+def _encode_tool_choice(request: Request) -> dict[str, Any] | None:
+    """The wire's ``tool_choice``, or None to send none (``auto``, or no tools); a choice
+    that forces a call with thinking on is refused (module doc)."""
+    choice = request.tool_choice
+    if choice.mode == "auto" or not request.tools:
+        return None
+    if choice.forces and request.reasoning_effort is not None:
+        raise LLMError(
+            f"Anthropic does not take a tool_choice that forces a call ({choice}) with "
+            f"thinking (reasoning_effort={request.reasoning_effort!r}): use tool_choice "
+            "'auto' or 'none', or no reasoning_effort",
+            fault=Fault.TERMINAL, provider=PROVIDER,
+        )
+    if choice.mode == "tool":
+        return {"type": "tool", "name": choice.name}
+    return {"type": "any" if choice.mode == "required" else "none"}
 
 
 def _marked_list(items: Sequence[str], mark: bool) -> str:

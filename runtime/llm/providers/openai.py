@@ -13,6 +13,10 @@ Choices worth knowing (each keeps a request valid on OpenAI *and* on local serve
 - Opaque blocks of other providers are dropped (their bytes mean nothing here). An
   ``OpaqueBlock(provider="openai")`` must be one JSON content part and is spliced verbatim into
   its message's ``content`` array: the escape hatch for parts the port does not model.
+- ``tool_choice`` goes out as ``"required"``, ``"none"`` or ``{"type": "function",
+  "function": {"name": ...}}``; ``auto``, the API's default, is not sent, and nothing is
+  sent without tools (the API refuses a choice then), so a server that knows no
+  ``tool_choice`` still takes every request that does not ask for one.
 - The output ceiling goes out as ``max_completion_tokens`` (OpenAI's reasoning models reject
   ``max_tokens``), except to a loopback server, which gets the ``max_tokens`` every compatible
   server understands.
@@ -267,6 +271,8 @@ def encode_request(
     for message in request.messages:
         messages.extend(_encode_message(message, splices, marker))
     body["messages"] = messages
+    if (choice := _encode_tool_choice(request)) is not None:
+        body["tool_choice"] = choice
     if (limit := request.max_tokens or max_tokens) is not None:
         body[ceiling] = limit
     if request.reasoning_effort is not None:
@@ -287,6 +293,16 @@ def encode_request(
     for i, raw in enumerate(splices):
         text = text.replace(json.dumps(f"{marker}{i}", ensure_ascii=False), raw, 1)
     return encode_text(text)
+
+
+def _encode_tool_choice(request: Request) -> str | dict[str, Any] | None:
+    """The wire's ``tool_choice``, or None to send none (``auto``, or no tools)."""
+    choice = request.tool_choice
+    if choice.mode == "auto" or not request.tools:
+        return None
+    if choice.mode == "tool":
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice.mode  # "required" or "none": the same words on the wire
 
 
 def _encode_tool(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
