@@ -5,6 +5,10 @@ was bound with), a pattern (run fresh for each call, in the dialog's scope; it c
 the caller's cells), or a built-in. The catalog keeps the schema each tool is *advertised*
 with apart from the one it is checked with: our internal markers (``asCell``) never reach a
 provider; the advertised schema describes the link form in words instead.
+
+A dialog's ``tool_choice`` is checked against the same catalog (``dialog_tool_choice``): a
+named tool must be one the dialog advertises, built-ins included, so the mistake shows when
+the pattern runs, not at the first model call.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic
+
 from ..cells import Cell, Pattern, Stream
 from ..errors import PatternError
-from ..llm import Tool
+from ..llm import Tool, ToolChoice
 from .management import MANAGEMENT_TOOL_NAMES, MANAGEMENT_TOOLS
 
-__all__ = ["PRESENT_RESULT", "ToolSpec", "advertised_schema", "build_catalog", "inline_refs",
-           "tool_result", "tool_result_cell"]
+__all__ = ["PRESENT_RESULT", "ToolSpec", "advertised_schema", "build_catalog",
+           "dialog_tool_choice", "inline_refs", "tool_result", "tool_result_cell"]
 
 PRESENT_RESULT = "presentResult"
 
@@ -82,6 +88,25 @@ def build_catalog(tools: Mapping[str, Any], builtin_tools: bool,
             description="Present the final result of the task, in the shape its schema asks.",
             input_schema=advertised_schema(inline_refs(result_schema))), None)
     return out
+
+
+def dialog_tool_choice(choice: Any, catalog: Mapping[str, ToolSpec], where: str) -> ToolChoice:
+    """``choice`` (a ``ToolChoice`` or a string) as the port's value, checked against the
+    tools the dialog advertises; a ``PatternError`` naming them (and why a built-in is not
+    among them) otherwise. ``where`` names the builtin in the error."""
+    try:
+        value = ToolChoice.model_validate(choice)
+        value.check([spec.tool for spec in catalog.values()])
+    except (pydantic.ValidationError, ValueError) as e:
+        why = (e.errors()[0]["msg"].removeprefix("Value error, ")
+               if isinstance(e, pydantic.ValidationError) else str(e))
+        name = choice if isinstance(choice, str) else getattr(choice, "name", None)
+        if name == PRESENT_RESULT:
+            why += " (presentResult is advertised only with result_schema=...)"
+        elif name in MANAGEMENT_TOOL_NAMES:
+            why += " (the management tools are advertised only with builtin_tools on)"
+        raise PatternError(f"{where}(tool_choice=...): {why}") from None
+    return value
 
 
 def advertised_schema(schema: Any) -> Any:

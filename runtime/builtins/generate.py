@@ -68,7 +68,7 @@ from ..llm.errors import cap_message
 from .dialog_input import inert
 from .dialog_tools import PRESENT_RESULT, ToolSpec, build_catalog, inline_refs
 from .llm_dialog import model_for
-from .turns import PartialText, TurnState
+from .turns import PartialText, TurnState, log_failed_turn
 
 __all__ = ["Generation", "generate_object", "generate_text"]
 
@@ -351,7 +351,7 @@ class _Generation:
             if isinstance(e, _Failure):
                 log.info("%s: %s", self.node.label, e)
             else:
-                log.warning("%s: the generation failed", self.node.label, exc_info=True)
+                log_failed_turn(log, self.node.label, "the generation failed", e)
             self._end(rt, turn, None, str(e) or type(e).__name__)
         finally:
             flights = _FLIGHTS.get(rt)

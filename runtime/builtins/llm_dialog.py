@@ -42,6 +42,7 @@ from ..llm import (
     StepSink,
     StepsOutcome,
     StepsStatus,
+    ToolChoice,
     ToolError,
     ToolResult,
     ToolUse,
@@ -51,9 +52,16 @@ from ..llm import (
     unanswered_calls,
 )
 from .dialog_input import inert, inert_message, load_history, user_message
-from .dialog_tools import PRESENT_RESULT, ToolSpec, build_catalog, tool_result, tool_result_cell
+from .dialog_tools import (
+    PRESENT_RESULT,
+    ToolSpec,
+    build_catalog,
+    dialog_tool_choice,
+    tool_result,
+    tool_result_cell,
+)
 from .management import MANAGEMENT_GUIDE, VALUE_LIMIT, Management
-from .turns import PartialText, TurnState
+from .turns import PartialText, TurnState, log_failed_turn
 
 __all__ = ["PRESENT_RESULT", "Dialog", "llm_dialog", "model_for", "tool_result"]
 
@@ -95,13 +103,17 @@ def llm_dialog(messages: Cell, *, system: str | Cell | None = None,
                tools: Mapping[str, Any] | None = None, model: str | Model | None = None,
                max_tokens: int | None = None, context: Mapping[str, Cell] | None = None,
                builtin_tools: bool = True, result_schema: dict[str, Any] | None = None,
-               max_steps: int = 50, name: str | None = None) -> Dialog:
+               max_steps: int = 50, name: str | None = None,
+               tool_choice: ToolChoice | str = "auto") -> Dialog:
     """A dialog over ``messages`` (a cell holding the port's messages as JSON). Call it
     inside a ``@pattern``; send a string (or a user message) to ``add_message``.
 
     ``system`` is a string, or a Cell holding one (read at every step, so an edit applies
-    from the next model call). Turns are owned by the runtime's process lease
-    (``Runtime(lease_ttl=...)``): a turn is taken over only once its process is dead."""
+    from the next model call). ``tool_choice`` ("auto", "required", "none", or the name of
+    a tool the dialog advertises) applies to the first model call of every turn; the
+    turn's later calls are "auto" (the port's step engine), so a forced turn still ends.
+    Turns are owned by the runtime's process lease (``Runtime(lease_ttl=...)``): a turn is
+    taken over only once its process is dead."""
     if not isinstance(messages, Cell):
         raise PatternError(f"llm_dialog(messages=...) takes a Cell, got {messages!r}")
     context = dict(context or {})
@@ -109,13 +121,14 @@ def llm_dialog(messages: Cell, *, system: str | Cell | None = None,
         if not isinstance(c, Cell):
             raise PatternError(f"llm_dialog context {key!r} must be a Cell, got {c!r}")
     catalog = build_catalog(tools or {}, builtin_tools, result_schema)
+    choice = dialog_tool_choice(tool_choice, catalog, "llm_dialog")
     if system is not None and not isinstance(system, str | Cell):
         raise PatternError(f"llm_dialog(system=...) takes a string or a Cell holding one, "
                            f"got {type(system).__name__}")
     inputs = [messages, *context.values(), *([system] if isinstance(system, Cell) else [])]
     node = BuiltinNode("llm_dialog", inputs, name=name)
     d = _DialogNode(node, messages, system, catalog, model, max_tokens, context, max_steps,
-                    builtin_tools is not False)
+                    builtin_tools is not False, choice)
     return Dialog(
         pending=d.state.pending, add_message=d.add_stream, cancel_generation=d.cancel_stream,
         result=d.result, partial=d.state.partial, error=d.state.error, usage=d.usage,
@@ -209,7 +222,7 @@ class _DialogNode:
     def __init__(self, node: BuiltinNode, messages: Cell, system: str | Cell | None,
                  catalog: dict[str, ToolSpec], model: str | Model | None,
                  max_tokens: int | None, context: dict[str, Cell], max_steps: int,
-                 builtins_on: bool) -> None:
+                 builtins_on: bool, tool_choice: ToolChoice) -> None:
         self.node = node
         self.messages = messages
         self.system: str | Cell = "" if system is None else system
@@ -219,6 +232,7 @@ class _DialogNode:
         self.context = context
         self.max_steps = max_steps
         self.builtins_on = builtins_on
+        self.tool_choice = tool_choice
         self.state = TurnState(node)
         self.usage = node.state("usage", dict(_USAGE_ZERO))
         self.result = node.state("result", None)
@@ -358,7 +372,7 @@ class _DialogNode:
                     raise _TurnLost  # cancelled or taken over by another process: no call
                 return Request(
                     system=self._system_prompt(run), messages=tuple(history_now), tools=tools,
-                    max_tokens=self.max_tokens,
+                    max_tokens=self.max_tokens, tool_choice=self.tool_choice,
                     cache=CacheHint(prefix=True, stable_messages=stable, key=self.node.cause),
                 )
 
@@ -380,7 +394,7 @@ class _DialogNode:
                 log.info("%s: turn %s was cancelled or taken over elsewhere; its last write "
                          "was refused", self.node.label, turn_id)
             else:
-                log.exception("%s: the turn failed", self.node.label)
+                log_failed_turn(log, self.node.label, "the turn failed", e)
             self._end(rt, run, f"{ERROR_PREFIX}: {e}", str(e))
         finally:
             run.step.abort()  # interrupted mid-step: none of the step lands

@@ -12,19 +12,32 @@ A builtin whose work runs in turns keeps four things in stored cells of its node
   append (a patch of the new text only), and shown as their concatenation by a derived
   cell: a long reply costs storage linear in its length, not a rewrite per flush.
 
-Nothing here knows what a turn does; ``llm_dialog`` and ``generate`` do.
+Nothing here knows what a turn does; ``llm_dialog`` and ``generate`` do. They log a turn
+that failed the same way (``log_failed_turn``): the failure is handled (the turn ends with
+its error stored), so it is one WARNING line, and its traceback goes to DEBUG.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
 from ..cells import BuiltinNode, Cell, Runtime, computed
+from ..llm.errors import cap_message
 
-__all__ = ["PARTIAL_INTERVAL", "PartialText", "TurnState"]
+__all__ = ["PARTIAL_INTERVAL", "PartialText", "TurnState", "log_failed_turn"]
 
 PARTIAL_INTERVAL = 0.25  # seconds between flushes of streamed text into `partial`
+
+
+def log_failed_turn(log: logging.Logger, label: str, what: str, error: BaseException) -> None:
+    """A turn's failure, handled (its error is stored and shown): one WARNING line saying
+    what failed and why, and the traceback at DEBUG for whoever needs it. A traceback on
+    stderr would read as a crash of something that went as designed (no model set, say)."""
+    why = " ".join(str(error).split()) or "no message"
+    log.warning("%s: %s: %s: %s", label, what, type(error).__name__, cap_message(why, 500))
+    log.debug("%s: %s", label, what, exc_info=error)
 
 
 def _joined(chunks: Any) -> str | None:
