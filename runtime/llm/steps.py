@@ -41,11 +41,14 @@ history repeats its ids, and so do some OpenAI-compatible servers).
 
 A forcing ``tool_choice`` (``required``, or a named tool) makes the model call a tool, and
 a reply with a call is never the last: under such a choice at every step a run could only
-end at ``max_steps``. So the choice holds for the first step only
-(``ToolChoiceScope.FIRST_STEP``, the default): once a reply of the run has called a tool,
-every later request goes out with ``tool_choice="auto"``, whatever ``build_request`` put
-there. ``EVERY_STEP`` sends each request as built, for a caller that ends the run itself.
-``auto`` and ``none`` are always sent as built.
+end at ``max_steps``. So a forcing choice goes only with a request that answers a prompt
+(``ToolChoiceScope.PROMPT``, the default): a request whose last message carries tool
+results (every step after the first, in a run that starts from a prompt) goes out with
+``tool_choice="auto"``, whatever ``build_request`` put there. The model called the tools it
+chose; with their results it must be free to answer. The rule reads the history, not the
+run, so a caller going one step at a time (``max_steps=1``) gets it too. ``EVERY_STEP``
+sends each request as built, for a caller that ends the run itself. ``auto`` and ``none``
+are always sent as built.
 
 Cancellation is the caller's anyio cancel scope. Whatever is in flight (the model request,
 a tool) is cancelled; but every tool call the sink has been told about is answered before
@@ -118,9 +121,9 @@ class ToolError(Exception):
 
 
 class ToolChoiceScope(StrEnum):
-    """Which steps of a run a forcing ``tool_choice`` (``required``, a named tool) holds for."""
+    """Which requests a forcing ``tool_choice`` (``required``, a named tool) goes with."""
 
-    FIRST_STEP = "first_step"  # until a reply has called a tool; "auto" from then on
+    PROMPT = "prompt"  # those answering a prompt; one sending tool results goes with "auto"
     EVERY_STEP = "every_step"  # every request as built: the run ends at max_steps at the
     #                            latest (for a caller that ends it itself, by cancelling)
 
@@ -194,7 +197,7 @@ async def run_steps(
     history: Sequence[Message] = (),
     sink: StepSink | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
-    tool_choice_scope: ToolChoiceScope | str = ToolChoiceScope.FIRST_STEP,
+    tool_choice_scope: ToolChoiceScope | str = ToolChoiceScope.PROMPT,
 ) -> StepsOutcome:
     """Run model calls and their tool calls until the model answers without calling a tool.
 
@@ -210,9 +213,10 @@ async def run_steps(
     including a malformed stream, or an empty reply: no text and no tool calls, which is not
     appended). Raises ``ValueError`` for a ``max_steps`` below 1.
 
-    ``tool_choice_scope``: a request's forcing ``tool_choice`` (``required``, a named tool)
-    holds until a reply of this run has called a tool, and later requests go out with
-    ``"auto"`` (``FIRST_STEP``, the default); ``EVERY_STEP`` sends every request as built.
+    ``tool_choice_scope``: a forcing ``tool_choice`` (``required``, a named tool) goes only
+    with a request that answers a prompt; one whose last message carries tool results goes
+    out with ``"auto"`` (``PROMPT``, the default: in a run from a prompt, every step after
+    the first). ``EVERY_STEP`` sends every request as built.
 
     Cancellation (the caller's cancel scope, or any exception that interrupts the tools):
 
@@ -238,7 +242,7 @@ async def run_steps(
                          f", got {tool_choice_scope!r}") from None
     past = list(history)
     run = _StepLoop(model, build_request, execute, past, sink or StepSink(), CallIds.of(past),
-                    relax_choice=scope is ToolChoiceScope.FIRST_STEP)
+                    relax_choice=scope is ToolChoiceScope.PROMPT)
     outcome = await run.loop(max_steps)
     await _emit(run.sink.on_end, outcome)
     return outcome
@@ -252,8 +256,7 @@ class _StepLoop:
     history: list[Message]
     sink: StepSink
     ids: CallIds  # every call id of the history: a reply's calls get ids none of these
-    relax_choice: bool = True  # a forcing tool_choice becomes "auto" once a tool was called
-    called: bool = False  # a reply of this run has called a tool
+    relax_choice: bool = True  # a forcing tool_choice goes with a prompt only (module doc)
     appended: list[Message] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     steps: int = 0
@@ -273,7 +276,7 @@ class _StepLoop:
                     f"build_request must return a runtime.llm Request, got "
                     f"{type(request).__name__}"
                 )
-            if self.called and self.relax_choice and request.tool_choice.forces:
+            if self.relax_choice and request.tool_choice.forces and _sends_results(request):
                 request = request.model_copy(update={"tool_choice": AUTO})  # module doc
             await _emit(self.sink.on_step, self.steps)
             try:
@@ -291,7 +294,6 @@ class _StepLoop:
             await self.append(message)
             if not calls:
                 return self.outcome(StepsStatus.COMPLETED)
-            self.called = True
             await self.run_tools(calls, request.tools)
         return self.outcome(StepsStatus.MAX_STEPS)
 
@@ -436,6 +438,13 @@ def _validator(schema_json: str) -> Any:
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)
+
+
+def _sends_results(request: Request) -> bool:
+    """Does ``request`` send tool results (its last message carries one), rather than ask
+    the model to answer a prompt?"""
+    return bool(request.messages) and any(
+        type(b) is ToolResult for b in request.messages[-1].blocks)
 
 
 def _error(call: ToolUse, text: str) -> ToolResult:

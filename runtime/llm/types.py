@@ -212,8 +212,9 @@ class ToolChoice(_Value):
     Where a ``ToolChoice`` is expected a string does: ``"auto"``, ``"required"`` and
     ``"none"`` are those modes, and any other string names a tool (a tool that is itself
     called ``"auto"`` is ``ToolChoice.tool("auto")``). ``required`` and ``tool`` *force* a
-    call; the step engine relaxes them after the first step (``steps.ToolChoiceScope``),
-    or a model that must call a tool at every step would never answer.
+    call; the step engine sends them only with a request that answers a prompt, not with
+    one that sends tool results (``steps.ToolChoiceScope``), or a model that must call a
+    tool at every step would never answer.
     """
 
     mode: ToolChoiceMode = "auto"

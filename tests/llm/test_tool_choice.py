@@ -176,7 +176,8 @@ async def weather(use: ToolUse) -> str:
 
 
 @pytest.mark.parametrize("choice", ["required", "get_weather"])
-async def test_a_forced_choice_holds_for_the_first_step_then_auto(choice: str) -> None:
+async def test_a_forced_choice_goes_with_the_prompt_and_results_go_with_auto(
+        choice: str) -> None:
     model = ScriptedModel([Reply(tool_calls=[call("get_weather", {"city": "Paris"})]),
                            "Sunny in Paris."])
     outcome = await run_steps(model, lambda history, step: ask(choice).model_copy(
@@ -184,6 +185,21 @@ async def test_a_forced_choice_holds_for_the_first_step_then_auto(choice: str) -
     assert outcome.status is StepsStatus.COMPLETED and outcome.steps == 2
     assert model.requests[0].tool_choice == ask(choice).tool_choice
     assert model.requests[1].tool_choice == ToolChoice()  # auto: the model may answer
+
+
+async def test_one_step_at_a_time_the_step_sending_results_is_auto_too() -> None:
+    """The rule reads the history, so a caller that runs one step per call (max_steps=1)
+    cannot loop forever under a forced choice either."""
+    model = ScriptedModel([Reply(tool_calls=[call("get_weather", {"city": "Paris"})]),
+                           "Sunny in Paris."])
+    history = list(HI)
+    for _ in range(2):
+        outcome = await run_steps(model, lambda history, step: ask("required").model_copy(
+            update={"messages": tuple(history)}), execute=weather, history=history,
+            max_steps=1)
+        history += outcome.messages
+    assert outcome.status is StepsStatus.COMPLETED
+    assert [r.tool_choice.mode for r in model.requests] == ["required", "auto"]
 
 
 async def test_every_step_keeps_the_choice_and_ends_at_max_steps() -> None:

@@ -33,7 +33,7 @@ Wire mapping, in brief:
   answers 400, "Thinking may not be enabled when tool_choice forces tool use"), so such a
   request with a ``reasoning_effort`` is refused before sending (terminal), never sent
   with its thinking silently dropped. Changing the choice between calls (the step engine
-  does, after a forced first step) costs the cached messages, not the cached tools and
+  does, after a forced step) costs the cached messages, not the cached tools and
   system prompt: the API keys its message cache on the choice.
 - ``Sampling`` is not sent. The Messages API as the official SDK (2.x) types it has no
   sampling parameters any more; current models reject ``temperature`` / ``top_p`` with a
