@@ -6,6 +6,10 @@ tool sources lazily, at the first op that needs them, and closing them all when 
 evaluation ends, however it ends. It tracks the op in flight, so an interrupted evaluation
 (cancelled, failed) still yields the progress made: ``snapshot()``, a valid history.
 
+A forcing tool choice (``with_tool_choice("required")`` or a tool's name) goes with a model
+call that answers a prompt; one that sends tool results (a loop's later calls, a second
+``step()``, a loop resumed) is "auto": the step engine's rule (``ToolChoiceScope.PROMPT``).
+
 The hot path (one model call and its tool calls) does a request build (``model_construct``:
 the parts are already valid), the engine's own work, one routing lookup per tool call and a
 few appends: no schema is built, no source reopened, no state copied until the op ends.
@@ -160,13 +164,19 @@ class Evaluation:
         effort = REASONING_EFFORTS.get(state.reasoning_effort, state.reasoning_effort)
         key = state.key
         max_tokens = op.max_tokens
+        choice = state.tool_choice
+        if choice.mode != "auto":  # the requests are built unchecked: check it once here
+            try:
+                choice.check(tools)
+            except ValueError as e:
+                raise ConversationError(f"with_tool_choice: {e}") from None
 
         def build(messages: Sequence[Message], step: int) -> Request:
             return Request.model_construct(
                 system=system, messages=tuple(messages), tools=tools, max_tokens=max_tokens,
                 cache=CacheHint.model_construct(prefix=True, stable_messages=len(messages),
                                                 key=key),
-                sampling=None, reasoning_effort=effort)
+                sampling=None, reasoning_effort=effort, tool_choice=choice)
 
         async def execute(call: ToolUse) -> Any:
             source, name = routes[call.name]  # the engine checked the name

@@ -16,6 +16,8 @@ deep-copied) for retries and eval attempts. A loop that reaches ``max_steps`` ra
 ``StepLimitError`` (its ``.progress`` is the conversation so far); the model's failures are the
 port's ``LLMError``; after a cancelled or failed evaluation ``llm.progress`` is the progress
 made (a valid history), and awaiting the value again resumes from there.
+``with_tool_choice("required" | "none" | a tool's name)`` forces (or forbids) a tool call in
+the model's answer to each prompt.
 
 Everything runs on the port's step engine (``runtime.llm.steps.run_steps``): this module
 only queues, evaluates and reads. ``evaluation.py`` bridges to the engine, ``object_tools.py``
@@ -34,11 +36,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
+import pydantic
 
 from ..llm import catalog
 from ..llm.history import unanswered_calls
 from ..llm.model import Model
-from ..llm.types import Block, Message, Role, TextBlock, Tool, ToolResult, Usage
+from ..llm.types import Block, Message, Role, TextBlock, Tool, ToolChoice, ToolResult, Usage
 from . import history as hist
 from .errors import ConversationError, NotEvaluatedError
 from .evaluation import Evaluation, RunOp
@@ -212,6 +215,19 @@ class LLM:
                 f"reasoning effort {effort!r} is not one the port sends: use 'low', 'medium', "
                 "'high', or 'none' to disable reasoning")
         return self._derive(lambda s: replace(s, reasoning_effort=effort))
+
+    def with_tool_choice(self, choice: ToolChoice | str) -> LLM:
+        """Which tools the model may call, from the next step on: "auto" (the default),
+        "required", "none", or a tool's name (``ToolChoice.tool(name)`` for one called like
+        a mode). A forcing choice goes with each model call that answers a prompt; a call
+        that sends tool results (a loop's later calls, a second ``step()``) is "auto". A
+        name is checked against the tools at the step (``ConversationError`` naming them)."""
+        try:
+            value = ToolChoice.model_validate(choice)
+        except pydantic.ValidationError as e:
+            why = e.errors()[0]["msg"].removeprefix("Value error, ")
+            raise ConversationError(f"with_tool_choice: {why}") from None
+        return self._derive(lambda s: replace(s, tool_choice=value))
 
     # -- tools -------------------------------------------------------------------------
 
@@ -491,6 +507,11 @@ class LLM:
         """The reasoning effort in use: "low", "medium", "high"; "" when not set."""
         return self._done("reasoning_effort").reasoning_effort
 
+    @property
+    def tool_choice(self) -> ToolChoice:
+        """The tool choice of the next step (``with_tool_choice``); auto when not set."""
+        return self._done("tool_choice").tool_choice
+
     # -- copies, saving, agents ------------------------------------------------------
 
     def fork(self, label: str) -> LLM:
@@ -508,8 +529,9 @@ class LLM:
     @property
     def portable_id(self) -> str:
         """A self-contained string from which ``LLM.restore`` rebuilds this conversation in
-        another process (history, system prompts, model, reasoning effort, tools by import
-        path with their state, MCP servers by command, skills by directory)."""
+        another process (history, system prompts, model, reasoning effort, tool choice,
+        tools by import path with their state, MCP servers by command, skills by
+        directory)."""
         from .portable import dump
 
         return dump(self._done("portable_id"))

@@ -27,7 +27,7 @@ from typing import Any
 
 import pydantic
 
-from ..llm.types import Message
+from ..llm.types import AUTO, Message, ToolChoice
 from .errors import PortableIdError
 from .model_choice import ImportedModel, ModelChoice, import_object
 from .object_tools import ObjectBinding
@@ -63,6 +63,8 @@ def dump(state: State) -> str:
         "key": state.key,
         "labels": list(state.labels),
     }
+    if state.tool_choice != AUTO:  # only when set: earlier ids hold none, and read as auto
+        recipe["tool_choice"] = state.tool_choice.model_dump(mode="json")
     raw = json.dumps(recipe, ensure_ascii=False, separators=(",", ":")).encode()
     return PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
 
@@ -159,4 +161,5 @@ def _state(recipe: dict[str, Any], override: Any) -> State:
         static_tools=recipe["static"],
         key=recipe["key"],
         labels=tuple(recipe["labels"]),
+        tool_choice=ToolChoice.model_validate(recipe.get("tool_choice", "auto")),
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..llm.types import Message, Tool, Usage
+from ..llm.types import AUTO, Message, Tool, ToolChoice, Usage
 from .model_choice import ModelChoice
 from .object_tools import ObjectBinding
 
@@ -58,6 +58,7 @@ class TokenUsage:
 class State:
     model: ModelChoice
     reasoning_effort: str = ""
+    tool_choice: ToolChoice = AUTO  # forcing: only with a call answering a prompt (the engine)
     system_prompts: tuple[str, ...] = ()
     default_system_prompt: bool = True
     history: tuple[Message, ...] = ()
