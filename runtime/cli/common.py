@@ -16,10 +16,15 @@ from ..llm.deferred import DeferredModel as _Deferred
 from .errors import CliError, UsageProblem
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from ..cells import Instance
     from ..llm import Model
+    from ..llm.events import StreamEvent
+    from ..llm.types import Request, Response
 
 __all__ = [
+    "DEFAULT_SESSION",
     "DEFAULT_STORE_FILE",
     "DeferredModel",
     "ModelChoice",
@@ -72,12 +77,24 @@ def default_user() -> str:
         return "local"
 
 
+DEFAULT_SESSION = "default"
+
+
+def _or_default(default: Callable[[], str]) -> Callable[[click.Context, click.Parameter, Any], str]:
+    def fill(ctx: click.Context, param: click.Parameter, value: Any) -> str:
+        return default() if value is None else value
+    return fill
+
+
 def scope_options(fn: F) -> F:
-    """``--space``, ``--user``, ``--session``: whose documents a run sees."""
-    fn = click.option("--session", default=None, metavar="ID",
-                      help="Session id (per-session cells: a conversation).")(fn)
-    fn = click.option("--user", default=None, metavar="ID",
-                      help="User id (per-user cells).")(fn)
+    """``--space``, ``--user``, ``--session``: whose documents a run sees. One default for
+    every command: the space ``default``, the user your login name, the session ``default``
+    (so ``chat``, ``run`` and ``mcp`` on one store see the same per-user documents)."""
+    fn = click.option("--session", default=None, callback=_or_default(lambda: DEFAULT_SESSION),
+                      metavar="ID", help="Session id (per-session cells: a conversation; "
+                      f"default: {DEFAULT_SESSION}).")(fn)
+    fn = click.option("--user", default=None, callback=_or_default(default_user), metavar="ID",
+                      help="User id (per-user cells; default: your login name).")(fn)
     fn = click.option("--space", default="default", show_default=True, metavar="NAME",
                       help="The space: documents of different spaces never meet.")(fn)
     return fn
@@ -245,13 +262,59 @@ async def close_model(model: Any) -> None:
 class DeferredModel(_Deferred):
     """A ``Model`` resolved at its first call: ``run`` and ``mcp`` pass one to the runtime
     so a pattern without a dialog never needs a key, and one with a dialog gets the same
-    model ``chat`` would (``--model``, else the default). A resolution error becomes the
-    turn's error, as any model failure does."""
+    model ``chat`` would (``--model``, else the default). Before its first call it checks
+    the server accepts a connection, as ``chat`` does before its first line.
+
+    A failure (the name does not resolve, the server is unreachable, a call failed) is the
+    turn's error, as any model failure is, and is also kept in ``failure``: the last call's,
+    None again once a call succeeds. So a command can end with the status of that failure
+    (``errors.exit_status``: 4 configuration, 5 unreachable or refused), the rule ``chat``
+    follows before it starts."""
 
     def __init__(self, name: str | None) -> None:
         self._name = name or None
+        self._checked = False
+        self.failure: BaseException | None = None
 
     def _build(self) -> Model:
         from ..llm import resolve_model
 
-        return resolve_model(self._name)
+        try:
+            return resolve_model(self._name)
+        except Exception as e:
+            self.failure = e
+            raise
+
+    async def _ready(self) -> Model:
+        model = self._get()
+        if not self._checked:
+            try:
+                await reachable(model)
+            except CliError as e:
+                self.failure = e
+                raise
+            self._checked = True
+        return model
+
+    async def generate(self, request: Request) -> Response:
+        from ..errors import CelldialogError
+
+        try:
+            response = await (await self._ready()).generate(request)
+        except CelldialogError as e:
+            self.failure = e
+            raise
+        self.failure = None
+        return response
+
+    async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
+        from ..errors import CelldialogError
+
+        model = await self._ready()
+        try:
+            async for event in model.stream(request):
+                yield event
+        except CelldialogError as e:
+            self.failure = e
+            raise
+        self.failure = None

@@ -3,6 +3,10 @@
 Everything is checked before the runtime starts (the JSON of ``--args`` and of each
 ``--send``, the pattern, the store URL), and each stream name before the first event is
 sent, so a typo never leaves half the events applied to a persistent store.
+
+A dialog's model is resolved when a turn first needs it (a pattern without a dialog needs
+no key); if a turn failed on it, the run ends with that failure's status, as ``chat`` does
+before it starts: 4 for the model's configuration, 5 for a server unreachable or refusing.
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ async def _run(pattern: Any, args: dict[str, Any] | None, events: list[tuple[str
                 raise CliError(
                     f"{pattern.name} did not settle within {timeout:g} s (a dialog turn still "
                     "running?): raise --timeout")
+            if model.failure is not None:  # a dialog's turn failed on the model: 4 or 5
+                raise model.failure
             if rt.errors:
                 where, error = rt.errors[0]
                 more = f" (and {len(rt.errors) - 1} more)" if len(rt.errors) > 1 else ""

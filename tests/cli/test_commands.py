@@ -82,6 +82,81 @@ def test_run_a_dialog_pattern_against_a_loopback_model(env: dict[str, str], work
     assert "Call me Ada." in server.requests[0].body["messages"][0]["content"]
 
 
+def test_run_exits_5_when_the_model_refuses_the_turn(env: dict[str, str], workdir: Path,
+                                                     server: OpenAIServer) -> None:
+    # nothing scripted: the server answers 400, the turn fails, and so does the run
+    done = run(["run", "chatbot", "--model", "openai:gpt-4o-mini", "--send", 'send="hello"'],
+               {**env, "OPENAI_BASE_URL": server.base_url}, workdir)
+    assert done.returncode == 5, done.stderr
+    assert done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("celldialog run: ") and "no scripted reply left" in line
+
+
+def test_run_needs_no_model_when_no_dialog_runs(env: dict[str, str], workdir: Path) -> None:
+    done = run(["run", "todo", "--model", "frobnicator", "--send", 'add={"title": "milk"}'],
+               env, workdir)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["open"] == 1
+
+
+def test_every_command_defaults_to_the_login_name_and_one_session(
+        env: dict[str, str], workdir: Path, server: OpenAIServer) -> None:
+    me = {**env, "LOGNAME": "ada", "USER": "ada"}
+    db = workdir / "todo.db"
+    # todo's items are per user, the chatbot's messages per session: neither needs a flag
+    first = run(["run", "todo", "--store", str(db), "--send", 'add={"title": "milk"}'], me,
+                workdir)
+    assert first.returncode == 0, first.stderr
+    named = run(["run", "todo", "--store", str(db), "--user", "ada", "--session", "default"],
+                me, workdir)
+    assert json.loads(named.stdout)["items"] == [{"title": "milk", "done": False}]
+    other = run(["run", "todo", "--store", str(db), "--user", "bob"], me, workdir)
+    assert json.loads(other.stdout)["items"] == []
+    server.script(text("Hi."))
+    chat = run(["run", "chatbot", "--store", str(db), "--model", "openai:gpt-4o-mini",
+                "--send", 'send="hello"'], {**me, "OPENAI_BASE_URL": server.base_url},
+               workdir)
+    assert chat.returncode == 0, chat.stderr
+    assert len(json.loads(chat.stdout)["messages"]) == 2
+    # chat sees the same session run wrote to (nothing typed: stdin is /dev/null)
+    seen = run(["chat", "--store", str(db), "--model", "openai:gpt-4o-mini"],
+               {**me, "OPENAI_BASE_URL": server.base_url}, workdir)
+    assert seen.returncode == 0, seen.stderr
+    assert "user ada · session default" in seen.stdout
+    assert "resumed session 'default': 2 messages" in seen.stdout
+
+
+def test_models_never_cuts_a_model_name(env: dict[str, str], workdir: Path,
+                                        tmp_path: Path) -> None:
+    # a catalog entry with a long name, added before the command runs (sitecustomize)
+    long = "claude-sonnet-4-5-20250929-extended-context-preview"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "from runtime.llm import catalog\n"
+        f"catalog.MODELS += (catalog.ModelInfo({long!r}, 'anthropic', 1_000_000, 64_000,"
+        " ('long-alias-one', 'long-alias-two')),)\n")
+    from runtime.llm import catalog
+
+    def shown(extra: dict[str, str]) -> str:
+        done = run(["models"], {**env, "COLUMNS": "80", **extra}, workdir)
+        assert done.returncode == 0, done.stderr
+        for info in catalog.MODELS:  # each name whole, beside its limits
+            assert re.search(rf"^{re.escape(info.name)}\s+{info.provider}\s+"
+                             rf"{info.context_window:,}\s+{info.max_output:,}\s", done.stdout,
+                             re.M), (info.name, done.stdout)
+        return done.stdout
+
+    table = shown({})  # the catalog as it is fits 80 columns, no name cut
+    assert all(len(line) <= 80 for line in table.splitlines()
+               if not line.startswith("default model:")), table
+    wide = shown({"PYTHONPATH": f"{site}:{env['PYTHONPATH']}"})
+    # a name too long for 80 columns with the others: the table grows, the name stays whole
+    assert re.search(rf"^{long}\s+anthropic\s+1,000,000\s+64,000\s+long-alias-one", wide,
+                     re.M), wide
+
+
 def test_models_shows_providers_catalog_and_default_without_the_key(
         env: dict[str, str], workdir: Path) -> None:
     bare = run(["models"], env, workdir)
@@ -118,7 +193,14 @@ BAD = [
     (["run", "todo", "--send", "add"], {}, 2, "--send takes STREAM=JSON"),
     (["run", "todo", "--user", "u", "--send", "add={x"], {}, 2, "not valid JSON"),
     (["run", "todo", "--user", "u", "--send", "nope=1"], {}, 2, "has no stream 'nope'"),
-    (["run", "todo"], {}, 2, "pass --user ID"),
+    # a dialog's turn that failed on the model: run exits as chat does (4 or 5), one line
+    (["run", "chatbot", "--model", "frobnicator", "--send", 'send="hi"'], {}, 4,
+     "cannot tell the provider of model"),
+    (["run", "chatbot", "--model", "gpt-4o", "--send", 'send="hi"'], {}, 4,
+     "no API key for openai: set OPENAI_API_KEY"),
+    (["run", "chatbot", "--model", "gpt-4o", "--send", 'send="hi"'],
+     {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}, 5,
+     "cannot reach model openai:gpt-4o at http://127.0.0.1:9/v1"),
     (["run", "todo", "--user", "u", "--send", 'add={"x": 1}'], {}, 1, "'title' is a required"),
     (["run", "todo", "--store", "redis://x"], {}, 2, "unknown store 'redis://x'"),
     (["run", "todo", "--store", "sqlite:///x.db?busy_timeout=no"], {}, 2, "busy_timeout"),
