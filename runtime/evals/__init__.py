@@ -11,7 +11,7 @@ and each failure with its transcript (``Report``: a terminal table, Markdown, CS
 from __future__ import annotations
 
 from .core import BaseEval, Eval, ToolCall, evaluation, tool_calls
-from .eval_models import EvalModel, ModelLike, eval_model, scripted
+from .eval_models import EvalModel, ModelLike, eval_model, scripted, serves_at_once
 from .evaluator import DEFAULT_CONCURRENCY, Evaluator
 from .loading import EvalLoadError, evals_in, load_evals
 from .patterns import PatternEval, PatternRun
@@ -56,5 +56,6 @@ __all__ = [
     "load_evals",
     "read_csv",
     "scripted",
+    "serves_at_once",
     "tool_calls",
 ]

@@ -10,7 +10,8 @@ safe for concurrent use and owns a connection pool).
 
 - a name ``resolve_model`` knows (``"sonnet"``, ``"openai:gpt-4.1"``, ``"local"``): resolved
   once, shared by every attempt, closed when the run ends;
-- ``"scripted:package.module:attr"``: the object at that import path, read as below;
+- ``"scripted:package.module:attr"``: the object at that import path, read as below (or an
+  ``EvalModel`` made with ``scripted(...)``, kept with its ``concurrency``);
 - a ``Model``: shared as is (never closed: the caller owns it);
 - scripts: a mapping from eval name to a script (a list of ``ScriptedModel`` steps), one
   script for every attempt, or a function ``f()``, ``f(eval_name)`` or
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
 from ..llm.errors import ConfigurationError
@@ -31,7 +32,7 @@ from ..llm.model import Model
 from ..llm.scripted import ScriptedModel
 from ..llm.types import Request, Response, Usage
 
-__all__ = ["EvalModel", "ModelLike", "eval_model", "scripted"]
+__all__ = ["EvalModel", "ModelLike", "eval_model", "scripted", "serves_at_once"]
 
 SCRIPTED_PREFIX = "scripted:"
 
@@ -39,11 +40,14 @@ SCRIPTED_PREFIX = "scripted:"
 @dataclass(frozen=True)
 class EvalModel:
     """A model under test: ``label`` names it in reports; ``build(eval_name, attempt)`` gives
-    the ``Model`` one attempt runs on; ``close`` (if any) runs once, when the run ends."""
+    the ``Model`` one attempt runs on; ``close`` (if any) runs once, when the run ends;
+    ``concurrency`` (if any) is how many of its attempts may run at once, whatever the
+    run's own limit (``serves_at_once``: the local model, 1)."""
 
     label: str
     factory: Callable[[str, int], Model]
     close: Callable[[], Any] | None = None
+    concurrency: int | None = None
 
     def build(self, eval_name: str, attempt: int) -> Model:
         model = self.factory(eval_name, attempt)
@@ -68,22 +72,49 @@ def eval_model(spec: ModelLike) -> EvalModel:
         text = spec.strip()
         if text.startswith(SCRIPTED_PREFIX):
             path = text[len(SCRIPTED_PREFIX):].strip()
-            return scripted(_import(path, text), label=text)
+            found = _import(path, text)
+            if isinstance(found, EvalModel):  # made with scripted(...): its limit kept
+                return replace(found, label=text)
+            return scripted(found, label=text)
         from ..llm.resolve import resolve_model
 
         model = resolve_model(text or None)
         return EvalModel(f"{model.provider}:{model.name}", lambda _e, _a: model,
-                         close=getattr(model, "aclose", None))
+                         close=getattr(model, "aclose", None),
+                         concurrency=serves_at_once(model))
     if isinstance(spec, Model):
-        return EvalModel(f"{spec.provider}:{spec.name}", lambda _e, _a: spec)
+        return EvalModel(f"{spec.provider}:{spec.name}", lambda _e, _a: spec,
+                         concurrency=serves_at_once(spec))
     return scripted(spec)
 
 
+def serves_at_once(model: Model) -> int | None:
+    """How many requests ``model`` serves at once, when it is known: its ``concurrency``
+    attribute if it has one, else 1 for the embedded local model (one loaded model decodes
+    one sequence at a time; other requests wait for its lock), else None (no limit of its
+    own: a provider's API). The evaluator runs no more of its attempts at once, so an
+    attempt never waits inside the model for another's turn: that wait is queue time, kept
+    apart from the attempt's own."""
+    n = getattr(model, "concurrency", None)
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        return n
+    return 1 if model.provider == "local" else None
+
+
 def scripted(scripts: Mapping[str, Any] | Sequence[Any] | Callable[..., Any], *,
-             label: str = "scripted") -> EvalModel:
+             label: str = "scripted", concurrency: int | None = None) -> EvalModel:
     """A fresh ``ScriptedModel`` per attempt, from a mapping eval name -> script, one script
     for every eval, or a factory (``f()``, ``f(eval_name)`` or ``f(eval_name, attempt)``)
-    returning a ``Model`` or a script."""
+    returning a ``Model`` or a script. ``concurrency``: how many of its attempts may run at
+    once (as for a model serving one request at a time, like the local model)."""
+    if concurrency is not None and (isinstance(concurrency, bool)
+                                    or not isinstance(concurrency, int) or concurrency < 1):
+        raise ValueError(f"concurrency must be a positive whole number, got {concurrency!r}")
+    return replace(_scripted(scripts, label), concurrency=concurrency)
+
+
+def _scripted(scripts: Mapping[str, Any] | Sequence[Any] | Callable[..., Any],
+              label: str) -> EvalModel:
     if isinstance(scripts, Model):
         return EvalModel(label, lambda _e, _a: scripts)
     if isinstance(scripts, Mapping):

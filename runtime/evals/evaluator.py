@@ -1,10 +1,14 @@
 """The ``Evaluator``: every eval on every model, several attempts each, in parallel.
 
-Dagger's Evaluator (seed 004) with what its authors wished it measured: turns and wall time
-beside success rates and tokens. One run is one anyio task group: every attempt of every
-model x eval is a task in it, and a ``CapacityLimiter`` bounds how many run at once (so a
-provider's rate limit or a laptop's cores set the pace, not the number of attempts). Each
-attempt runs on its own fork of the base conversation and its own metered model, so
+Dagger's Evaluator (https://dagger.io: its LLM API, https://docs.dagger.io/features/llm) with
+what its authors wished it measured: turns and wall time beside success rates and tokens. One
+run is one anyio task group: every attempt of every model x eval is a task in it, and a
+``CapacityLimiter`` bounds how many run at once (so a provider's rate limit or a laptop's
+cores set the pace, not the number of attempts). A model that serves one request at a time
+(the local model: ``serves_at_once``) has a limiter of its own too, so its attempts run one
+after another instead of waiting for each other inside it. An attempt's time is its own:
+from when it got its slots to its end (``seconds``); the wait for them is ``queue_seconds``.
+Each attempt runs on its own fork of the base conversation and its own metered model, so
 attempts share nothing. An attempt's failure (a failed check, a model error, a step limit,
 a timeout) is recorded, never raised; cancelling the run cancels every attempt and the run
 raises the cancellation: no attempt outlives it.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -152,6 +157,7 @@ class Evaluator:
             raise ValueError("no evals to run: add some with with_evals([...])")
         chosen = _models(models)
         limiter = anyio.CapacityLimiter(concurrency or DEFAULT_CONCURRENCY)
+        own = {m.label: anyio.CapacityLimiter(m.concurrency) for m in chosen if m.concurrency}
         done: list[Attempt] = []
         started = time.perf_counter()
         try:
@@ -159,7 +165,8 @@ class Evaluator:
                 for m in chosen:
                     for e in self.evals:
                         for n in range(1, attempts + 1):
-                            tg.start_soon(self._attempt, m, e, n, limiter, done, on_attempt,
+                            tg.start_soon(self._attempt, m, e, n, (own.get(m.label), limiter),
+                                          done, on_attempt,
                                           name=f"eval {e.name} on {m.label} #{n}")
         finally:
             for m in chosen:
@@ -174,15 +181,23 @@ class Evaluator:
                 results.append(EvalResult.of(mine))
         return Report(tuple(results), self.threshold, seconds, tuple(done))
 
-    async def _attempt(self, m: EvalModel, e: BaseEval, n: int, limiter: anyio.CapacityLimiter,
+    async def _attempt(self, m: EvalModel, e: BaseEval, n: int,
+                       limiters: tuple[anyio.CapacityLimiter | None, anyio.CapacityLimiter],
                        done: list[Attempt], on_attempt: Callable[[Attempt], None] | None) -> None:
         from ..llm.safety import redact_secrets as redact
 
-        async with limiter:
+        queued = time.perf_counter()
+        async with AsyncExitStack() as slots:
+            # the model's own slot first: an attempt waiting for the local model holds none
+            # of the run's slots, which other models' attempts can use meanwhile
+            for slot in limiters:
+                if slot is not None:
+                    await slots.enter_async_context(slot)
             record = Record()
             meter: Meter | None = None
             message = ""
             started = time.perf_counter()
+            queue = started - queued
             try:
                 meter = Meter(m.build(e.name, n))
                 base = self.base(meter).fork(f"{e.name}#{n}")
@@ -197,7 +212,7 @@ class Evaluator:
             usage.input_tokens if usage else 0, usage.output_tokens if usage else 0,
             usage.cache_read_tokens if usage else 0, usage.cache_write_tokens if usage else 0,
             meter.calls if meter is not None else 0, seconds, redact(message),
-            redact(record.transcript) if message else "")
+            redact(record.transcript) if message else "", queue)
         done.append(attempt)
         if on_attempt is not None:
             on_attempt(attempt)

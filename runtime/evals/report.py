@@ -2,14 +2,16 @@
 
 ``Report.results`` holds one ``EvalResult`` per model x eval: attempts, successes (so the
 success rate), token sums (input, output, cache read, cache write), turns (model calls),
-wall time (summed over attempts), and each failed attempt's message and transcript. The
+wall time and queue time (summed over attempts: an attempt's own time, from when it got its
+slots, and its wait for them), and each failed attempt's message and transcript. The
 threshold (default 0.8) decides ``passed`` and ``exit_status``.
 
 Shown as a terminal table (``rich_table``) or Markdown (``to_markdown``, failures and their
 transcripts included); kept as CSV (``to_csv`` / ``read_csv``: every number exactly, the
 failure messages but not the transcripts, which are for reading, not for spreadsheets);
 compared with ``compare(before, after)``: deltas per model x eval, regressions first. Rows
-of one model x eval repeated in a CSV (runs appended to one file) are merged when read.
+of one model x eval repeated in a CSV (runs appended to one file) are merged when read; a
+CSV written before queue time was kept (no ``queue_seconds`` column) reads as no queueing.
 Token, turn and time columns in tables are means per attempt, so runs with different
 attempt counts compare; the CSV keeps the sums.
 """
@@ -47,7 +49,8 @@ __all__ = [
 DEFAULT_THRESHOLD = 0.8
 CSV_COLUMNS = ("model", "eval", "attempts", "successes", "success_rate", "input_tokens",
                "output_tokens", "cache_read_tokens", "cache_write_tokens", "turns",
-               "wall_seconds", "failures")
+               "wall_seconds", "queue_seconds", "failures")
+_OPTIONAL = ("success_rate", "queue_seconds")  # derived, or absent from older reports
 _INTS = ("attempts", "successes", "input_tokens", "output_tokens", "cache_read_tokens",
          "cache_write_tokens", "turns")
 
@@ -69,9 +72,10 @@ class Attempt:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     turns: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # its own time: from when it got its slots to its end
     message: str = ""  # why it failed ("check: ..."), empty when it passed
     transcript: str = ""
+    queue_seconds: float = 0.0  # how long it waited for a slot before it started
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class EvalResult:
     turns: int = 0
     seconds: float = 0.0
     failures: tuple[Failure, ...] = ()
+    queue_seconds: float = 0.0
 
     @property
     def success_rate(self) -> float:
@@ -128,7 +133,8 @@ class EvalResult:
             sum(a.input_tokens for a in ordered), sum(a.output_tokens for a in ordered),
             sum(a.cache_read_tokens for a in ordered), sum(a.cache_write_tokens for a in ordered),
             sum(a.turns for a in ordered), sum(a.seconds for a in ordered),
-            tuple(Failure(a.number, a.message, a.transcript) for a in ordered if not a.passed))
+            tuple(Failure(a.number, a.message, a.transcript) for a in ordered if not a.passed),
+            sum(a.queue_seconds for a in ordered))
 
     def merged(self, other: EvalResult) -> EvalResult:
         """Two runs of one model x eval as one (attempts renumbered after this one's)."""
@@ -140,7 +146,8 @@ class EvalResult:
             self.cache_write_tokens + other.cache_write_tokens, self.turns + other.turns,
             self.seconds + other.seconds,
             self.failures + tuple(replace(f, attempt=f.attempt + self.attempts)
-                                  for f in other.failures))
+                                  for f in other.failures),
+            self.queue_seconds + other.queue_seconds)
 
 
 @dataclass(frozen=True)
@@ -194,14 +201,15 @@ class Report:
         transcript in a collapsed block, unless ``transcripts`` is false)."""
         lines = ["# Eval report", "", f"**{self.verdict()}**", "",
                  "| model | eval | success | attempts | input | output | cache read | "
-                 "cache write | turns | wall (s) | |",
-                 "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+                 "cache write | turns | wall (s) | queue (s) | |",
+                 "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
         for r in self.results:
             ok = "pass" if r.passed(self.threshold) else "**FAIL**"
             lines.append(
                 f"| {_md(r.model)} | {_md(r.eval)} | {r.success_rate:.0%} | {r.attempts} | "
                 + " | ".join(_num(r.per_attempt(c)) for c in _MEANS) + f" | {ok} |")
-        lines += ["", "Tokens, turns (model calls) and wall time are means per attempt."]
+        lines += ["", "Tokens, turns (model calls), wall time (an attempt's own) and queue time "
+                  "(its wait for a free slot) are means per attempt."]
         failed = [r for r in self.results if r.failures]
         if failed:
             lines += ["", "## Failures"]
@@ -227,12 +235,13 @@ class Report:
         from rich.table import Table
 
         table = Table(title="Evals", title_justify="left",
-                      caption="tokens, turns (model calls) and wall time: means per attempt",
+                      caption="means per attempt: tokens, turns (model calls), wall time "
+                      "(the attempt's own) and queue time (its wait for a slot)",
                       caption_justify="left")
         table.add_column("model", no_wrap=True)
         table.add_column("eval", no_wrap=True)
         for col in ("success", "attempts", "input", "output", "cache read", "cache write",
-                    "turns", "wall (s)"):
+                    "turns", "wall (s)", "queue (s)"):
             table.add_column(col, justify="right")
         table.add_column("")
         for r in self.results:
@@ -264,7 +273,8 @@ def results_csv(results: Iterable[EvalResult]) -> str:
         failures = json.dumps([[f.attempt, f.message] for f in r.failures], ensure_ascii=False)
         writer.writerow([r.model, r.eval, r.attempts, r.successes, f"{r.success_rate:.4f}",
                          r.input_tokens, r.output_tokens, r.cache_read_tokens,
-                         r.cache_write_tokens, r.turns, repr(float(r.seconds)), failures])
+                         r.cache_write_tokens, r.turns, repr(float(r.seconds)),
+                         repr(float(r.queue_seconds)), failures])
     return buf.getvalue()
 
 
@@ -284,7 +294,8 @@ def read_csv(source: str | os.PathLike[str] | io.TextIOBase, *,
         where = name or getattr(source, "name", "the CSV")
         text = source.read()
     reader = csv.DictReader(io.StringIO(text))
-    missing = [c for c in CSV_COLUMNS if c != "success_rate" and c not in (reader.fieldnames or ())]
+    missing = [c for c in CSV_COLUMNS
+               if c not in _OPTIONAL and c not in (reader.fieldnames or ())]
     if missing:
         raise ReportError(
             f"{where} is not an eval report CSV: it lacks the column(s) {', '.join(missing)} "
@@ -312,17 +323,22 @@ def _row(row: dict[str, Any], where: str, line: int) -> EvalResult:
             raise bad(col, "negative")
     if values["successes"] > values["attempts"]:
         raise bad("successes", "more successes than attempts")
-    try:
-        seconds = float(row["wall_seconds"])
-    except (TypeError, ValueError):
-        raise bad("wall_seconds", "not a number") from None
+    times = {}
+    for col in ("wall_seconds", "queue_seconds"):
+        try:
+            times[col] = float(row.get(col) or 0) if col == "queue_seconds" else float(row[col])
+        except (TypeError, ValueError):
+            raise bad(col, "not a number") from None
+        if times[col] < 0:
+            raise bad(col, "negative")
     try:
         failures = tuple(Failure(int(n), str(m)) for n, m in json.loads(row["failures"] or "[]"))
     except (TypeError, ValueError):
         raise bad("failures", "not a JSON list of [attempt, message]") from None
     if not row["model"] or not row["eval"]:
         raise bad("model" if not row["model"] else "eval", "empty")
-    return EvalResult(row["model"], row["eval"], seconds=seconds, failures=failures, **values)
+    return EvalResult(row["model"], row["eval"], seconds=times["wall_seconds"],
+                      queue_seconds=times["queue_seconds"], failures=failures, **values)
 
 
 # -- comparing ------------------------------------------------------------------------
@@ -435,7 +451,7 @@ def _results(x: Report | Iterable[EvalResult] | str | os.PathLike[str]) -> tuple
 
 
 _MEANS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "turns",
-          "seconds")
+          "seconds", "queue_seconds")
 
 
 def _cells(c: Change) -> list[str]:

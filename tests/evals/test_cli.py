@@ -188,3 +188,66 @@ def test_through_the_celldialog_command(tmp_path: Path) -> None:
     assert right.returncode == 0 and (tmp_path / "r.md").is_file()
     bad = celldialog("eval", SUITE, "--models", "nope-model")
     assert bad.returncode == 4 and bad.stderr.startswith("celldialog eval: cannot tell")
+
+
+QUEUED_EVALS = '''
+from runtime.evals import evaluation
+
+@evaluation(prompt="Say hello.")
+def says_something(llm):
+    assert llm.last_reply, "should say something"
+'''
+QUEUED_MODELS = '''
+from runtime.evals import scripted
+from runtime.llm import delayed
+
+# a model that serves one attempt at a time, as the local model does
+lone = scripted(lambda: [delayed(0.3, "Hello.")], concurrency=1)
+'''
+
+
+def _installed(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The installed ``celldialog`` console script, and how long it ran."""
+    import shutil
+    import time
+
+    script = Path(sys.executable).with_name("celldialog")
+    exe = str(script) if script.exists() else shutil.which("celldialog")
+    assert exe, "the celldialog console script is not installed: pip install -e ."
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OPENAI_", "ANTHROPIC_", "CELLDIALOG_"))}
+    env.update(PYTHONPATH=f"{cwd}:{REPO}", COLUMNS="200")
+    started = time.perf_counter()
+    done = subprocess.run([exe, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+    return done, time.perf_counter() - started
+
+
+def test_queue_time_is_reported_apart_from_an_attempts_own(tmp_path: Path) -> None:
+    (tmp_path / "queued_evals.py").write_text(QUEUED_EVALS)
+    (tmp_path / "queued_models.py").write_text(QUEUED_MODELS)
+    done, elapsed = _installed(["eval", "queued_evals.py", "--models",
+                                "scripted:queued_models:lone", "--attempts", "4",
+                                "--concurrency", "4", "--csv", "q.csv"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "queue (s)" in done.stdout
+    [row] = read_csv(tmp_path / "q.csv")
+    # four attempts of 0.3 s, one at a time: each attempt's time is its own (the sum fits
+    # in the run), and the waiting is queue time: 0 + 0.3 + 0.6 + 0.9 s
+    assert 4 * 0.3 * 0.9 <= row.seconds < elapsed
+    assert row.per_attempt("seconds") < 0.6
+    assert row.queue_seconds >= (0.3 + 0.6 + 0.9) * 0.9
+    header = (tmp_path / "q.csv").read_text().splitlines()[0]
+    assert header.split(",")[10:12] == ["wall_seconds", "queue_seconds"]
+
+
+@pytest.mark.local
+def test_on_the_local_model_attempts_queue_instead_of_sharing_it(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="pip install -e '.[local]'")
+    (tmp_path / "queued_evals.py").write_text(QUEUED_EVALS)
+    done, elapsed = _installed(["eval", "queued_evals.py", "--models", "local", "--attempts",
+                                "3", "--concurrency", "3", "--csv", "l.csv"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [row] = read_csv(tmp_path / "l.csv")
+    # the attempts' own times add up to no more than the run: none counted another's turn
+    assert 0 < row.seconds < elapsed and row.queue_seconds > 0

@@ -138,6 +138,50 @@ async def test_the_concurrency_limit_bounds_attempts_across_models() -> None:
     assert gauge.peak == 12  # models in parallel too, not one after another
 
 
+async def test_a_model_serving_one_at_a_time_queues_its_attempts_apart_from_their_time(
+        ) -> None:
+    delay, attempts = 0.2, 4
+    gauge = _Gauge()
+
+    def one(eval_name: str) -> ScriptedModel:
+        return gauge.model(eval_name)
+
+    # one model that serves one attempt at a time, one with no limit of its own, in one run
+    # of 8 slots: the first's attempts run one after another, each timed on its own
+    lone = scripted(lambda: [delayed(delay, "hello")], label="lone", concurrency=1)
+    started = time.perf_counter()
+    report = await Evaluator().with_evals([says_hello]).run(
+        [lone, scripted(one, label="free")], attempts=attempts, concurrency=8)
+    elapsed = time.perf_counter() - started
+    mine = sorted((a for a in report.attempts if a.model == "lone"),
+                  key=lambda a: a.queue_seconds)
+    assert [a.passed for a in mine] == [True] * attempts
+    for i, a in enumerate(mine):  # each attempt's time is its own: one delay, not its place
+        assert delay * 0.9 <= a.seconds < delay * 2, (i, a.seconds)
+        assert a.queue_seconds >= i * delay * 0.9, (i, a.queue_seconds)
+    r = report.result("lone", "says_hello")
+    assert r.seconds <= elapsed and r.queue_seconds >= sum(range(attempts)) * delay * 0.9
+    assert r.per_attempt("seconds") < delay * 2  # the mean does not climb with the queue
+    assert gauge.peak == attempts  # the other model's attempts ran at once meanwhile
+    assert all(a.queue_seconds < delay for a in report.attempts if a.model == "free")
+
+
+def test_the_local_model_serves_one_request_at_a_time() -> None:
+    from runtime.evals import serves_at_once
+
+    class Local(ScriptedModel):
+        @property
+        def provider(self) -> str:
+            return "local"
+
+    class Pooled(ScriptedModel):
+        concurrency = 3
+
+    assert serves_at_once(Local([])) == 1
+    assert serves_at_once(Pooled([])) == 3
+    assert serves_at_once(ScriptedModel([])) is None
+
+
 async def test_a_run_failure_is_recorded_with_its_phase_and_progress() -> None:
     limited = [Reply(tool_calls=[call("add", {"line": "x"})])] * 5
     broken = [LLMError("overloaded", fault=Fault.TERMINAL, provider="scripted")]
