@@ -104,10 +104,8 @@ def _object(binding: ObjectBinding) -> dict[str, Any]:
     obj = binding.obj
     cls = type(obj)
     where = f"{cls.__module__}:{cls.__qualname__}"
-    if "<locals>" in cls.__qualname__ or cls.__module__ == "__main__":
-        raise PortableIdError(
-            f"the object bound with with_tools is a {cls.__name__} ({where}), which another "
-            "process cannot import: define the class at the top level of an importable module")
+    # what the object is decides first, where its class lives second: the same object gives
+    # the same refusal from a module, a test or a pasted script (whose classes are __main__)
     if dataclasses.is_dataclass(obj) or isinstance(obj, pydantic.BaseModel):
         state: Any = pydantic.TypeAdapter(cls).dump_python(obj, mode="json")
     elif not getattr(obj, "__dict__", None) and not getattr(cls, "__slots__", ()):
@@ -117,6 +115,16 @@ def _object(binding: ObjectBinding) -> dict[str, Any]:
             f"the {cls.__name__} bound with with_tools holds state a portable id cannot save: "
             "make it a dataclass or a pydantic model (its fields are saved and rebuilt), or "
             "bind it again after restoring")
+    if "<locals>" in cls.__qualname__:
+        raise PortableIdError(
+            f"the object bound with with_tools is a {cls.__name__} ({where}), defined in a "
+            "function, which another process cannot import: define the class at the top "
+            "level of an importable module")
+    if cls.__module__ == "__main__":
+        raise PortableIdError(
+            f"the object bound with with_tools is a {cls.__name__} defined in the script "
+            f"being run ({where}), which another process cannot import: move the class into "
+            "a module of its own (notes.py) and import it from there")
     return {"type": where, "state": state, "except": sorted(binding.except_)}
 
 

@@ -128,3 +128,67 @@ async def test_what_cannot_be_saved_is_refused_with_the_reason() -> None:
         "claude-sonnet-4-5"
     assert LLM.restore(base.with_tools(_Local(3)).portable_id,
                        model=ScriptedModel())._state.objects[0].obj == _Local(3)
+
+
+SCRIPT_CLASSES = """
+import dataclasses
+from runtime import LLM
+from runtime.conversation import PortableIdError
+from runtime.llm import ScriptedModel
+
+class Plain:  # state in a plain class, in the script being run (module __main__)
+    def __init__(self):
+        self.lines = []
+
+    def add(self, line: str) -> str:
+        self.lines.append(line)
+        return "ok"
+
+@dataclasses.dataclass
+class Saved:
+    lines: tuple[str, ...] = ()
+
+    def add(self, line: str) -> str:
+        return "ok"
+
+for obj in (Plain(), Saved()):
+    try:
+        LLM(model=ScriptedModel()).with_tools(obj).portable_id
+    except PortableIdError as e:
+        print(type(obj).__name__, "->", e)
+"""
+
+
+def _script(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` as a reader's ``python script.py``: its classes are ``__main__``'s."""
+    import os
+
+    (cwd / "script.py").write_text(code)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OPENAI_", "ANTHROPIC_", "CELLDIALOG_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "script.py"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_scripts_classes_are_refused_for_what_they_are_first(tmp_path: Path) -> None:
+    done = _script(SCRIPT_CLASSES, tmp_path)
+    assert done.returncode == 0, done.stderr
+    plain, saved = done.stdout.strip().splitlines()
+    # the same refusal as from a module: the state is what to fix first
+    assert plain.startswith("Plain -> ") and "make it a dataclass or a pydantic model" in plain
+    # a dataclass saves, but another process cannot import a script's class: the fix named
+    assert saved.startswith("Saved -> ") and "defined in the script being run" in saved
+    assert "move the class into a module" in saved
+
+
+def test_the_conversation_page_runs_as_a_pasted_script(tmp_path: Path) -> None:
+    """docs/conversation.md's python blocks, in order, as one ``python script.py``: what a
+    reader pasting them gets (tests/conversation/test_docs.py runs them in a namespace of
+    its own, which is no ``__main__``)."""
+    import re
+
+    page = (ROOT / "docs" / "conversation.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)
+    done = _script("\n".join(blocks), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
