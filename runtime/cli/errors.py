@@ -19,6 +19,10 @@ status  meaning
 70      a bug in celldialog (run again with ``CELLDIALOG_DEBUG=1`` for the traceback)
 130     interrupted (Ctrl-C outside a chat's own handling)
 ======  ==========================================================================
+
+A model that cannot be used ends ``chat`` and ``run`` with 4 or 5 whenever they find out:
+``chat`` before its first line, ``run`` when a dialog's turn failed on it (``common.
+DeferredModel.failure``), printing that line instead of the result.
 """
 
 from __future__ import annotations
