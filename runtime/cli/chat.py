@@ -180,7 +180,8 @@ class _Lines:
 
 class _Echo:
     """The terminal's echo, off while a reply runs: a Ctrl-C is then no ``^C`` in the
-    reply, and keys typed meanwhile do not scramble it (they are dropped at the prompt)."""
+    reply, and keys typed meanwhile do not scramble it (they are dropped at the prompt,
+    which says so: a message sent while a reply runs is ignored by the dialog anyway)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -204,14 +205,22 @@ class _Echo:
         termios.tcsetattr(self.fd, termios.TCSANOW, attrs)
         self.is_off = True
 
-    def on(self) -> None:
+    def on(self) -> bool:
+        """Echo on again; True if keys typed while it was off were dropped."""
         if self.saved is None or not self.is_off:
-            return
+            return False
+        import fcntl
+        import struct
         import termios
 
+        try:  # how many bytes wait unread: typed while nobody could see them
+            waiting = struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0" * 4))[0]
+        except OSError:
+            waiting = 0
         termios.tcflush(self.fd, termios.TCIFLUSH)  # what was typed unseen is not sent
         termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
         self.is_off = False
+        return waiting > 0
 
 
 # -- the model, watched --------------------------------------------------------------------
@@ -494,7 +503,9 @@ class _Chat:
         lines = _Lines(0)
         while True:
             self.state = _State.PROMPT
-            echo.on()
+            if echo.on():
+                self.console.print("[dim](what you typed during the reply was dropped: type "
+                                   "it again)[/]", soft_wrap=True)
             self.console.print("[bold cyan]you>[/] ", end="")
             line = await lines.readline()
             if line is None:

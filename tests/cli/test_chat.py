@@ -269,3 +269,31 @@ def test_lines_from_a_pipe_are_sent_as_they_come(model_env: dict[str, str], work
     assert proc.returncode == 0, stderr
     assert "→ addItem" in stdout and 'items: [{"title": "milk", "done": false}]' in stdout
     assert "assistant> Added milk." in stdout
+
+
+def test_keys_typed_during_a_reply_are_not_echoed_and_are_dropped_saying_so(
+        model_env: dict[str, str], workdir: Path, server: OpenAIServer) -> None:
+    held = Held(text("Answer."), head=2)
+    server.script(held, text("Second."))
+    term = Terminal(["chat", "--store", "memory"], model_env, workdir)
+    try:
+        term.expect(READY)
+        term.expect(PROMPT)
+        term.line("first")
+        assert held.arrived.wait(DEADLINE)
+        term.expect(r"assistant> ")
+        term.line("typed too soon")  # while the reply runs: nothing shows, nothing is sent
+        held.release.set()
+        term.expect(r"Answer\.")
+        term.expect(r"\(what you typed during the reply was dropped: type it again\)")
+        term.expect(PROMPT)
+        term.line("second")
+        term.expect(r"Second\.")
+        term.expect(PROMPT)
+        term.ctrl_d()
+        assert term.wait() == 0
+    finally:
+        held.release.set()
+        term.close()
+    assert "typed too soon" not in term.raw
+    assert _user_texts(_messages(server, 1)) == ["first", "second"]
