@@ -1,4 +1,5 @@
-"""What an eval is: a name, a prompt and a check (Dagger's ``Eval`` interface, seed 004).
+"""What an eval is: a name, a prompt and a check (the ``Eval`` interface of Dagger's
+evaluator, https://docs.dagger.io/features/llm).
 
 Two ways to write one. A subclass, when an eval has state or helpers::
 

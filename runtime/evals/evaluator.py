@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_CONCURRENCY", "Evaluator"]
 
 DEFAULT_CONCURRENCY = 8
-"""Attempts running at once when ``run`` is not told (Dagger's post ran 10-20 at a time)."""
+"""Attempts running at once when ``run`` is not told (Dagger's evaluator ran 10-20 at a time)."""
 
 
 @dataclass(frozen=True)
