@@ -31,8 +31,9 @@ It needs both ``user=`` (the notes are the user's, shared by all their sessions)
 - ``messages``: the history, the LLM port's ``Message`` JSON (``{"role", "blocks"}``);
 - ``notes`` and ``set_notes`` (a stream taking a string): the context the model is shown;
 - ``pending`` (a turn is running), ``partial`` (text streamed so far), ``error`` (the last
-  turn's error or None), ``usage`` (tokens summed over every model call), ``dropped``
-  (messages ignored because a turn was running);
+  turn's error or None), ``usage`` (tokens summed over every model call), ``stop_reason``
+  (why the last turn's last reply stopped: ``"max_tokens"`` means it was cut short),
+  ``dropped`` (messages ignored because a turn was running);
 - ``send`` (a string or a user message: starts a turn) and ``cancel`` (ends the running
   turn at once; a reply arriving later lands nowhere).
 
@@ -76,6 +77,7 @@ def chatbot(system: str = DEFAULT_SYSTEM):
         "partial": chat.partial,
         "error": chat.error,
         "usage": chat.usage,
+        "stop_reason": chat.stop_reason,
         "dropped": chat.dropped,
         "send": chat.add_message,
         "cancel": chat.cancel_generation,

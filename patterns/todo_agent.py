@@ -36,6 +36,7 @@ Run it (offline here; pass a real model to ``Runtime(model=...)``)::
 The same streams the model calls are outputs too, so a UI edits the list through the same
 code (``await inst.send("addItem", {"title": "eggs"})``). Outputs: ``items``, ``open``
 (how many are not done), ``messages``, ``pending``, ``partial``, ``error``, ``usage``,
+``stop_reason`` (why the last turn's last reply stopped: ``"max_tokens"`` means cut short),
 ``dropped``, ``send``, ``cancel``, ``addItem``, ``removeItem``, ``markDone``.
 """
 
@@ -140,6 +141,7 @@ def todo_agent():
         "partial": chat.partial,
         "error": chat.error,
         "usage": chat.usage,
+        "stop_reason": chat.stop_reason,
         "dropped": chat.dropped,
         "send": chat.add_message,
         "cancel": chat.cancel_generation,

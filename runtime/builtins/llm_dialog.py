@@ -1,8 +1,8 @@
 """``llm_dialog``: a conversation with a model that lives in the cell graph.
 
-The dialog's state is cells (``pending``, ``partial``, ``error``, ``usage``, ``result``...),
-scoped like the ``messages`` cell it is given; its inputs are streams (``add_message``,
-``cancel_generation``). A turn reads as a pipeline::
+The dialog's state is cells (``pending``, ``partial``, ``error``, ``usage``, ``stop_reason``,
+``result``...), scoped like the ``messages`` cell it is given; its inputs are streams
+(``add_message``, ``cancel_generation``). A turn reads as a pipeline::
 
     add_message -> accept (one commit: pending, the user message, a turn owned by this
                    process's lease) -> spawn the turn -> run_steps (the port's step engine)
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -38,10 +38,14 @@ from ..llm import (
     Message,
     Model,
     Request,
+    Response,
     Role,
     StepSink,
     StepsOutcome,
     StepsStatus,
+    Stop,
+    StopReason,
+    StreamEvent,
     ToolChoice,
     ToolError,
     ToolResult,
@@ -92,6 +96,7 @@ class Dialog:
     partial: Cell
     error: Cell
     usage: Cell
+    stop_reason: Cell
     dropped: Cell
     pinned_cells: Cell
     pin_cell: Stream
@@ -132,7 +137,7 @@ def llm_dialog(messages: Cell, *, system: str | Cell | None = None,
     return Dialog(
         pending=d.state.pending, add_message=d.add_stream, cancel_generation=d.cancel_stream,
         result=d.result, partial=d.state.partial, error=d.state.error, usage=d.usage,
-        dropped=d.dropped, pinned_cells=d.pins, pin_cell=d.pin_stream,
+        stop_reason=d.stop_reason, dropped=d.dropped, pinned_cells=d.pins, pin_cell=d.pin_stream,
         unpin_all_cells=d.unpin_all_stream,
         flattened_tools=[s.tool.model_dump(mode="json") for s in catalog.values()],
     )
@@ -201,7 +206,7 @@ class _TurnRun:
     shares it with the next one)."""
 
     __slots__ = ("calls", "management", "outputs", "present", "results", "step",
-                 "steps", "text", "turn_id", "usage")
+                 "steps", "stop", "text", "turn_id", "usage")
 
     def __init__(self, turn_id: str, step: StepCommit, text: PartialText) -> None:
         self.turn_id = turn_id
@@ -210,10 +215,50 @@ class _TurnRun:
         self.management: Management | None = None
         self.present: Any = _NOTHING
         self.usage: Usage | None = None  # reported, not written yet
+        self.stop: StopReason | None = None  # the last model call's; written as the turn ends
         self.results: dict[str, ToolResult] = {}  # the step's calls that finished, by id
         self.outputs = False  # a handler tool of this step answered through tool_output
         self.steps = 0  # assistant messages stored so far in this turn
         self.calls: list[ToolUse] = []  # the step's calls, in the reply's order
+
+
+class _StopWatch:
+    """The turn's model, passed through, noting in the turn why each reply stopped (the
+    step engine reports a call's usage, not its stop reason). A call that fails before its
+    ``Stop`` event leaves None: that call gave no reply."""
+
+    __slots__ = ("model", "run")
+
+    def __init__(self, model: Model, run: _TurnRun) -> None:
+        self.model = model
+        self.run = run
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def provider(self) -> str:
+        return self.model.provider
+
+    async def generate(self, request: Request) -> Response:
+        self.run.stop = None
+        response = await self.model.generate(request)
+        self.run.stop = response.stop_reason
+        return response
+
+    async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
+        self.run.stop = None
+        events = self.model.stream(request)
+        try:
+            async for event in events:
+                if isinstance(event, Stop):
+                    self.run.stop = event.stop_reason
+                yield event
+        finally:  # closed with this one (a cancelled call releases its request at once)
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 class _DialogNode:
@@ -235,6 +280,7 @@ class _DialogNode:
         self.tool_choice = tool_choice
         self.state = TurnState(node)
         self.usage = node.state("usage", dict(_USAGE_ZERO))
+        self.stop_reason = node.state("stop_reason", None)
         self.result = node.state("result", None)
         self.dropped = node.state("dropped", 0, int)
         self.pins = node.state("pins", [])
@@ -259,7 +305,7 @@ class _DialogNode:
         rt = self._rt = current_runtime()
         if self.state.pending.get():
             if self._owner_alive(rt):
-                # seed 003: a message while a turn runs is ignored; counted, never silent
+                # as in CommonTools' llmDialog: a message while a turn runs is ignored; counted
                 self.dropped.set(self.dropped.get() + 1)
                 log.info("%s: a message arrived while a turn is pending; ignored (cancel "
                          "the turn before sending a replacement)", self.node.label)
@@ -270,6 +316,8 @@ class _DialogNode:
             self._answer_unanswered(INTERRUPTED, {})
         turn_id = self.state.begin(rt)
         self.tool_output.set({})  # whatever a turn cut short left there
+        if self.stop_reason.get() is not None:  # the last turn's, not this one's
+            self.stop_reason.set(None)
         self.messages.push(message.model_dump(mode="json"))
         self._scopes[turn_id] = self.node.spawn(self._run, rt, turn_id,
                                                 name=f"{self.node.label} turn")
@@ -359,7 +407,7 @@ class _DialogNode:
         run = self._runs[turn_id] = _TurnRun(turn_id, StepCommit(rt),
                                              PartialText(self.state, rt.clock()))
         try:
-            model = model_for(self.node.label, "llm_dialog", self.model, rt)
+            model = _StopWatch(model_for(self.node.label, "llm_dialog", self.model, rt), run)
             run.management = Management(rt, pins=self.pins, space=self.node.space,
                                         own_streams=self.own_streams,
                                         scope=self.node.scope.key)
@@ -615,8 +663,11 @@ class _DialogNode:
         run.step.phase = TurnPhase.ENDED
 
     def _end_writes(self, run: _TurnRun, error: str | None) -> None:
-        """Inside the guarded transaction: the turn is over."""
+        """Inside the guarded transaction: the turn is over, and why its last model call
+        stopped is written (once a turn: kept in memory until now)."""
         self.state.end(error)
+        if run.stop is not None:
+            self.stop_reason.set(run.stop.value)
         if run.outputs:
             self.tool_output.set({})
             run.outputs = False

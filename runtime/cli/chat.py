@@ -12,7 +12,8 @@ Two views of a reply (``_View``): on a terminal, a rich ``Live`` region: a spinn
 first token, then the reply rendered as Markdown as it grows; Ctrl-C replaces it with
 "(cancelled)" at once, since a cancelled reply is not kept (the dialog's rule: the history
 holds the question, not the partial answer). Anywhere else (a pipe, a file), plain text as
-it streams. A reply the model stopped at its ``max_tokens`` says so, one dim line.
+it streams. A reply the model stopped at its ``max_tokens`` says so, one dim line (the
+dialog's ``stop_reason`` output, read from the pattern's result).
 
 Keys: Ctrl-C while a reply runs cancels it (an event on the dialog's ``cancel`` stream;
 echo is off meanwhile, so no ``^C`` lands in the reply); a Ctrl-C at the prompt (a second
@@ -21,8 +22,8 @@ thread), so leaving never waits for a blocked read; input that is not a terminal
 ``/dev/null``, a pipe) is read line by line, each line sent and shown, until its end.
 
 A pattern can chat if its result has ``send`` (or ``add_message``), ``messages`` and
-``pending``; ``partial``, ``error``, ``cancel`` (or ``cancel_generation``) and ``dropped``
-are used when present. The bundled chatbot and todo agent have them all.
+``pending``; ``partial``, ``error``, ``cancel`` (or ``cancel_generation``), ``dropped`` and
+``stop_reason`` are used when present. The bundled chatbot and todo agent have them all.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import json
 import os
 import signal
 import stat
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -46,16 +46,13 @@ if TYPE_CHECKING:
     from rich.live import Live
 
     from ..cells import Cell, Instance, Pattern
-    from ..llm import Model
-    from ..llm.events import StreamEvent
-    from ..llm.types import Request, Response
     from .common import ModelChoice
 
 __all__ = ["command"]
 
 RESULT_CHARS = 200  # characters of a tool result, a call's arguments or a state value shown
 DIALOG_KEYS = frozenset({"messages", "pending", "partial", "error", "usage", "dropped",
-                         "result", "turn", "flattened_tools", "tools"})
+                         "stop_reason", "result", "turn", "flattened_tools", "tools"})
 """Result keys that are a dialog's own outputs: never shown as the pattern's state."""
 
 
@@ -100,6 +97,7 @@ class _Surface:
     pending: Cell
     partial: Cell | None
     dropped: Cell | None
+    stop_reason: Cell | None  # why the last reply stopped ("max_tokens": it was cut short)
     state: dict[str, Cell]  # the pattern's own cells (not the dialog's), shown as they change
 
     @classmethod
@@ -126,7 +124,7 @@ class _Surface:
         state = {k: inst.result.key(k).resolve() for k in sorted(keys)
                  if k not in streams and k not in DIALOG_KEYS}
         return cls(send, stream("cancel", "cancel_generation"), messages, pending,
-                   cell("partial"), cell("dropped"), state)
+                   cell("partial"), cell("dropped"), cell("stop_reason"), state)
 
 
 class _State(Enum):
@@ -221,41 +219,6 @@ class _Echo:
         termios.tcsetattr(self.fd, termios.TCSANOW, self.saved)
         self.is_off = False
         return waiting > 0
-
-
-# -- the model, watched --------------------------------------------------------------------
-
-
-class _Watched:
-    """The chat's model, passed through, keeping the stop reason of its last reply: the
-    dialog's cells do not keep it, and a reply cut at ``max_tokens`` should say so."""
-
-    def __init__(self, model: Model) -> None:
-        self.model = model
-        self.stop: str | None = None
-
-    @property
-    def name(self) -> str:
-        return self.model.name
-
-    @property
-    def provider(self) -> str:
-        return self.model.provider
-
-    async def generate(self, request: Request) -> Response:
-        self.stop = None
-        response = await self.model.generate(request)
-        self.stop = response.stop_reason
-        return response
-
-    async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
-        from ..llm.events import Stop
-
-        self.stop = None
-        async for event in self.model.stream(request):
-            if isinstance(event, Stop):
-                self.stop = event.stop_reason
-            yield event
 
 
 # -- the views of a reply -----------------------------------------------------------------
@@ -435,7 +398,6 @@ class _Chat:
         self.console: Console = Console(highlight=False)
         self.view: _View = (_LiveView if self.console.is_terminal else _PlainView)(
             self.console)
-        self.model = _Watched(choice.model)
         self.state = _State.PROMPT
         self.seen = 0  # messages already shown
         self.shown_state: dict[str, str] = {}  # the pattern's state as last shown (JSON)
@@ -453,7 +415,7 @@ class _Chat:
 
         echo = _Echo(0)
         try:
-            async with Runtime(store=self.url, model=self.model) as rt:
+            async with Runtime(store=self.url, model=self.choice.model) as rt:
                 inst = self.inst = start(rt, self.pattern, self.args, self.space, self.user,
                                          self.session)
                 surface = self.surface = _Surface.of(inst)
@@ -614,7 +576,9 @@ class _Chat:
                 f"[red]error:[/] {_escape(redact(texts[len(ERROR_PREFIX):].lstrip(': ')))}")
         elif live:
             self.view.finish(texts or None)
-            if texts and not calls and self.model.stop == StopReason.MAX_TOKENS:
+            stop = self.surface.stop_reason if self.surface is not None else None
+            # the dialog writes it in the commit that stores its final reply: read here
+            if texts and not calls and stop is not None and stop.get() == StopReason.MAX_TOKENS:
                 self.view.line("[dim](cut short: the reply reached the model's max_tokens "
                                "limit)[/]")
         for b in calls:
