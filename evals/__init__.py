@@ -1,5 +1,7 @@
-"""celldialog's own eval suite: what models get wrong with ``llm_dialog`` (seed 003) and with
-tools generally (Dagger's post, seed 004).
+"""celldialog's own eval suite: what models get wrong with ``llm_dialog`` (the dialog of
+CommonTools' llmDialog, https://github.com/commontoolsinc/labs, which this project
+reproduces) and with tools generally (the mistakes Dagger's evaluator found,
+https://docs.dagger.io/features/llm).
 
 Run it: ``celldialog eval evals --models sonnet --attempts 5`` (a real provider, its key
 configured), ``--models local`` (the embedded model, offline), or offline on scripts:

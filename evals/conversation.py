@@ -1,5 +1,6 @@
 """Evals of the conversation object (``LLM``): multi-step tool use, where each call needs
-what the previous one returned (Dagger's BuildMulti, seed 004, in miniature)."""
+what the previous one returned (the BuildMulti eval of Dagger's evaluator,
+https://docs.dagger.io/features/llm, in miniature)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Evals of patterns with a dialog: what seed 003 says models get wrong with ``llm_dialog``.
+"""Evals of patterns with a dialog: what models get wrong with ``llm_dialog`` (the llmDialog
+behaviour this project reproduces: CommonTools' llmDialog, https://github.com/commontoolsinc/labs).
 
 - ``own-tools-over-generic``: with the six management tools on, the model should still
   use the pattern's own ``addItem`` (models tend to reach for ``read``/``invoke``/...);

@@ -254,13 +254,14 @@ class LLM:
         return self._derive(apply)
 
     def with_blocked_function(self, type_name: str, function: str) -> LLM:
-        """Stop exposing ``type_name``'s method ``function`` as a tool (seed 001)."""
+        """Stop exposing ``type_name``'s method ``function`` as a tool (as Dagger's
+        ``withBlockedFunction``)."""
         return self._derive(lambda s: replace(
             s, blocked=s.blocked | {(type_name, function)}, advertised=None))
 
     def with_static_tools(self) -> LLM:
         """Serve the tools through a fixed pair, ``list_methods`` and ``call_method``, for
-        clients that cannot take a tool list that changes (seed 001)."""
+        clients that cannot take a tool list that changes (as Dagger's ``withStaticTools``)."""
         return self._derive(lambda s: replace(s, static_tools=True, advertised=None))
 
     def with_mcp_server(self, name: str, command: str, args: Sequence[str] = (),

@@ -1,10 +1,11 @@
 """``with_static_tools``: the bound tools behind a fixed pair of tools.
 
-Some clients cannot take a tool list that changes (seed 001's MCP clients without dynamic
-tool registration). In static mode the model sees only ``list_methods`` (every tool: name,
-description, JSON Schema) and ``call_method`` (a name and its arguments), whatever is
-bound. Arguments are checked against the inner tool's schema by the step engine's own
-checker, so a bad call reads exactly as it would have without the indirection.
+Some clients cannot take a tool list that changes (MCP clients without dynamic tool
+registration, the case of Dagger's ``withStaticTools``). In static mode the model sees only
+``list_methods`` (every tool: name, description, JSON Schema) and ``call_method`` (a name and
+its arguments), whatever is bound. Arguments are checked against the inner tool's schema by
+the step engine's own checker, so a bad call reads exactly as it would have without the
+indirection.
 """
 
 from __future__ import annotations
