@@ -90,11 +90,11 @@ def eval_model(spec: ModelLike) -> EvalModel:
 
 def serves_at_once(model: Model) -> int | None:
     """How many requests ``model`` serves at once, when it is known: its ``concurrency``
-    attribute if it has one, else 1 for the embedded local model (one loaded model decodes
-    one sequence at a time; other requests wait for its lock), else None (no limit of its
-    own: a provider's API). The evaluator runs no more of its attempts at once, so an
-    attempt never waits inside the model for another's turn: that wait is queue time, kept
-    apart from the attempt's own."""
+    attribute if it has one (``LocalModel`` says 1: one loaded model decodes one sequence at
+    a time; other requests wait for its lock), else 1 for another model of the ``local``
+    provider (one that does not say), else None (no limit of its own: a provider's API).
+    The evaluator runs no more of its attempts at once, so an attempt never waits inside the
+    model for another's turn: that wait is queue time, kept apart from the attempt's own."""
     n = getattr(model, "concurrency", None)
     if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
         return n
