@@ -361,6 +361,7 @@ class LocalModel:
     """
 
     PROVIDER = PROVIDER
+    concurrency = 1  # one request at a time: the evaluator queues its attempts
 
     def __init__(
         self,
