@@ -3,7 +3,7 @@ plain question in words, and never loop? (issue 15; ``docs/local-model.md`` has 
 
     python bench/local_model.py                      # the default weights, every method
     python bench/local_model.py --methods choose     # one method
-    python bench/local_model.py --model gemma3-270m=/path/gemma-3-270m-q4_k_m.gguf
+    python bench/local_model.py --model gemma3-270m=/path/gemma-3-270m-q4_k_m.gguf  # instead
 
 Each (model, method) runs in a subprocess of its own (so its RSS is its own): a fresh
 ``Runtime`` on the memory store, and for every case of ``bench/local_cases.py`` a new user
@@ -166,7 +166,7 @@ def _row(model: str, method: str, r: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
-                        help="a GGUF to measure beside the default weights (repeatable)")
+                        help="a GGUF to measure instead of the default weights (repeatable)")
     parser.add_argument("--methods", default=",".join(METHODS),
                         help=f"comma-separated, of: {', '.join(METHODS)}")
     parser.add_argument("--json", metavar="FILE", help="also write every case's outcome here")
@@ -181,7 +181,7 @@ def main() -> None:
                            GEMMA_TEMPLATE if template == "gemma" else None)
         print(json.dumps(result))
         return
-    models = [("SmolLM2-135M", "", "")]
+    models = [] if args.model else [("SmolLM2-135M", "", "")]
     for spec in args.model:
         name, _, path = spec.partition("=")
         models.append((name, path, "gemma" if "gemma" in name.lower() else ""))

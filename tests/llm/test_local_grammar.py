@@ -102,7 +102,7 @@ def test_grammar_shape_and_llama_cpp_accepts_it() -> None:
     assert '"<tool_call>\\n{\\"name\\": \\"a\\", \\"arguments\\": " tool0-args' in text
     assert "call1 ::=" in text and "tool1-args" in text
     assert compile_tools([tool("a", ADD)], text=False).text.startswith("root ::= call0\n")
-    engine = _engine((str(default_model_path()), 64, 1))  # a tiny context: just the vocab
+    engine = _engine((str(default_model_path()), 64, 1, ""))  # a tiny context: just the vocab
     sampler = llama_cpp.llama_sampler_init_grammar(engine.vocab, text.encode(), b"root")
     assert sampler
     llama_cpp.llama_sampler_free(sampler)
