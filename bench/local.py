@@ -164,7 +164,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
 
-    model = LocalModel()
+    # Overhead only: the one grammar llama-cpp-python can be given too, no penalties (its
+    # default); bench/local_model.py measures the decision and the penalties.
+    model = LocalModel(tool_decision="grammar", penalties=None)
     engine = _engine(model._key)
     llm = engine.llm
 
