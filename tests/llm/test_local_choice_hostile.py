@@ -209,14 +209,56 @@ def test_fill_with_no_words_decodes_under_the_schema(model: Any, message: str) -
     assert engine.calls == []
 
 
-def test_fill_quotes_a_hostile_property_name_as_json(model: Any) -> None:
+def test_fill_leaves_a_property_name_the_grammar_cannot_write_to_decoding(model: Any) -> None:
+    """llama-cpp-python's converter escapes no backslash in a literal: such a name is decoded
+    under the schema, never pinned (and nothing is scored for it)."""
     key = 'a"b\\c\nd'
     engine = FakeEngine("milk")
     tool = _tool({key: {"type": "string"}}, required=[key])
-    filled = model._fill(engine, _request("add milk", tool), tool, True, "")
-    assert filled.input_schema["properties"][key] == {"enum": ["milk"]}
-    [(prefix, _, pinned)] = engine.calls
-    assert pinned and prefix.endswith("{" + json.dumps(key, ensure_ascii=False) + ': "')
+    assert model._fill(engine, _request("add milk", tool), tool, True, "") is tool
+    assert engine.calls == []
+
+
+@pytest.mark.parametrize("prop", [{"type": "string", "pattern": "^\\p{L}+$"},
+                                  {"type": "string", "minLength": "3"}])
+def test_fill_decodes_a_property_whose_schema_the_validator_cannot_use(model: Any,
+                                                                      prop: Any) -> None:
+    tool = _tool({"title": prop})
+    filled = model._fill(FakeEngine("milk"), _request("add milk", tool), tool, False, "")
+    assert filled is tool or "enum" not in filled.input_schema["properties"]["title"]
+
+
+def test_values_the_grammar_cannot_pin_are_not_offered() -> None:
+    from runtime.llm.providers._choice import pinnable
+
+    for bad in ('12" pizza', "C:\\temp", "back\\", "milk \U0001f95b", "tab\there"):
+        assert not pinnable(bad)
+        assert bad not in candidates(bad, json.dumps([bad]))
+    assert pinnable("café crème") and "café crème" in candidates("add café crème", "")
+
+
+def test_context_values_come_first_so_a_long_message_keeps_them() -> None:
+    message = ("please remove the one about mum because I already did it yesterday evening "
+               "after work when I got home")
+    assert "call mum" in candidates(message, '["call mum"]')
+
+
+def test_at_most_a_few_string_arguments_are_chosen_per_call(model: Any) -> None:
+    from runtime.llm.providers.local import MAX_PINNED
+
+    props = {f"p{i}": {"type": "string"} for i in range(MAX_PINNED + 6)}
+    tool = _tool(props)
+    engine = FakeEngine("milk")
+    filled = model._fill(engine, _request("add milk", tool), tool, False, "")
+    pinned = [k for k, v in filled.input_schema["properties"].items() if "enum" in v]
+    assert len(pinned) == MAX_PINNED == len(engine.calls)
+
+
+def test_a_decision_under_tool_choice_none_is_an_answer(model: Any) -> None:
+    tool = _tool({"title": {"type": "string"}})
+    request = Request(tools=(tool,), tool_choice="none",
+                      messages=(Message.text(Role.USER, "add milk"),))
+    assert model._decide(FakeEngine("milk"), request, False).tool is None
 
 
 def test_fill_keeps_a_value_the_schema_refuses_out(model: Any) -> None:

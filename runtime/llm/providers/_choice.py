@@ -22,6 +22,7 @@ each continuation after a prefix) and a renderer for the model's chat template.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -84,49 +85,55 @@ class Chooser:
 
     def __init__(self, render: Render) -> None:
         self._render = render
-        self._priors: OrderedDict[tuple[str, tuple[str, ...]], list[float]] = OrderedDict()
+        self._priors: OrderedDict[str, list[float]] = OrderedDict()
 
     def decide(self, score: Score, system: str, message: str, tools: Sequence[Tool], *,
-               answer: bool = True) -> Decision:
+               answer: bool = True, pinned: bool = False) -> Decision:
         """Answer (``tool=None``) or which of ``tools`` to call for the user's ``message``;
-        ``answer=False`` when a call is required. Blocking: run it in a worker thread."""
-        self._score = score
+        ``answer=False`` when a call is required. ``pinned``: the bias is the one measured
+        the same way (a pinned request's decision depends on nothing before it). Blocking:
+        run it in a worker thread."""
         message = message[:MAX_MESSAGE_CHARS]
         names = [t.name for t in tools]
         role = _first_sentence(system)
-        channel = self._channel(role, message, [intent_of(t) for t in tools])
+        channel = self._channel(score, role, message, [intent_of(t) for t in tools])
         if answer:
-            reply = self._channel(role, message, [REPLY_INTENT])[0]
+            reply = self._channel(score, role, message, [REPLY_INTENT])[0]
             if not tools or reply >= max(channel):
                 return Decision(None, {REPLY: reply, **dict(zip(names, channel, strict=True))})
         if len(tools) == 1:
             return Decision(names[0], {names[0]: channel[0]})
-        choice = self._action(system, message, tools)
-        prior = self._prior(system, tools)
+        choice = self._action(score, system, message, tools)
+        prior = self._prior(score, system, tools, pinned)
         total = [c + a - p for c, a, p in zip(channel, choice, prior, strict=True)]
         best = max(range(len(names)), key=total.__getitem__)
         return Decision(names[best], dict(zip(names, total, strict=True)))
 
-    def _channel(self, role: str, message: str, intents: Sequence[str]) -> list[float]:
+    def _channel(self, score: Score, role: str, message: str,
+                 intents: Sequence[str]) -> list[float]:
         quoted = f' "{message}"'
-        return [self._score(CHANNEL.format(role=role, intent=i), [quoted])[0] for i in intents]
+        return [score(CHANNEL.format(role=role, intent=i), [quoted])[0] for i in intents]
 
-    def _action(self, system: str, message: str, tools: Sequence[Tool]) -> list[float]:
+    def _action(self, score: Score, system: str, message: str,
+                tools: Sequence[Tool]) -> list[float]:
         lines = [f"- {REPLY}: answer in words (questions, chat)"]
         lines += [f"- {t.name}: {' '.join(t.description.split())[:DESCRIPTION_CHARS]}"
                   if t.description else f"- {t.name}" for t in tools]
         actions = ("Actions:\n" + "\n".join(lines) + "\nStart your reply with the action, "
                    f"like 'Action: {REPLY}' or 'Action: {tools[0].name}'.")
         prompt = f"{system}\n\n{actions}" if system else actions
-        scores = self._score(self._render(prompt, message) + "Action:",
-                             [f" {t.name}" for t in tools])
-        return scores
+        return score(self._render(prompt, message) + "Action:", [f" {t.name}" for t in tools])
 
-    def _prior(self, system: str, tools: Sequence[Tool]) -> list[float]:
-        key = (system, tuple(f"{t.name}\x00{t.description}" for t in tools))
+    def _prior(self, score: Score, system: str, tools: Sequence[Tool],
+               pinned: bool) -> list[float]:
+        # keyed by a digest: a system prompt can be large, and 32 of them are kept
+        key = hashlib.blake2b("\x00".join([str(pinned), system,
+                                           *(f"{t.name}\x01{t.description}"
+                                                    for t in tools)]).encode(),
+                              digest_size=16).hexdigest()
         prior = self._priors.get(key)
         if prior is None:
-            runs = [self._action(system, m, tools) for m in NULL_MESSAGES]
+            runs = [self._action(score, system, m, tools) for m in NULL_MESSAGES]
             prior = [sum(col) / len(runs) for col in zip(*runs, strict=True)]
             self._priors[key] = prior
             while len(self._priors) > CACHED_PRIORS:
@@ -139,7 +146,7 @@ class Chooser:
 # -- a call's string values, chosen the same way ----------------------------------------------
 
 MAX_SPAN_WORDS = 8
-MAX_CANDIDATES = 120
+MAX_CANDIDATES = 160
 MAX_VALUE_CHARS = 80
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.){0,80})"')  # a JSON string
 _EDGES = " \t\n'\"`.,;:!?()[]{}«»“”‘’"
@@ -155,25 +162,35 @@ def _content_words(text: str) -> set[str]:
 
 
 def candidates(message: str, system: str) -> list[str]:
-    """The values a string argument may take: every run of up to ``MAX_SPAN_WORDS`` words of
-    the user's message (trimmed of quotes and punctuation), then the short JSON strings the
-    system prompt shows (the context's values, "call mum" on a list), each once."""
+    """The values a string argument may take, each once: the short JSON strings the system
+    prompt shows that share a word with the message (the context's values: "I called mum"
+    refers to "call mum" on a list), then every run of up to ``MAX_SPAN_WORDS`` words of the
+    message (trimmed of quotes and punctuation), longest first, ``MAX_CANDIDATES`` in all.
+    Only values the grammar can pin exactly are offered (``pinnable``)."""
     words = message[:MAX_MESSAGE_CHARS].split()
     seen: dict[str, None] = {}
-    for n in range(1, MAX_SPAN_WORDS + 1):
-        for i in range(len(words) - n + 1):
-            span = " ".join(words[i:i + n]).strip(_EDGES)
-            if span and len(span) <= MAX_VALUE_CHARS:
-                seen.setdefault(span, None)
     said = _content_words(message)
     for match in _QUOTED.finditer(system):
         value = match.group(1)
-        if system[match.end():].lstrip().startswith(":"):
+        if system[match.end():match.end() + 16].lstrip().startswith(":"):
             continue  # a key, not a value
-        if ("\\" not in value and value.strip(_EDGES) == value
+        if (pinnable(value) and value.strip(_EDGES) == value
                 and said & _content_words(value)):
-            seen.setdefault(value, None)  # a value the message refers to ("mum": "call mum")
+            seen.setdefault(value, None)
+    for n in range(min(MAX_SPAN_WORDS, len(words)), 0, -1):
+        for i in range(len(words) - n + 1):
+            span = " ".join(words[i:i + n]).strip(_EDGES)
+            if span and len(span) <= MAX_VALUE_CHARS and pinnable(span):
+                seen.setdefault(span, None)
     return list(seen)[:MAX_CANDIDATES]
+
+
+def pinnable(value: str) -> bool:
+    """Can llama-cpp-python's converter write ``value`` as a grammar literal exactly? It
+    escapes neither backslashes nor characters past the BMP, so such a value (and a quote
+    or a control character) is decoded under the schema instead of pinned."""
+    return all(" " <= ch <= "\uffff" and ch not in '"\\' and not 0xD800 <= ord(ch) <= 0xDFFF
+               for ch in value)
 
 
 def choose_value(score: Score, prefix: str, options: Sequence[str]) -> str:

@@ -72,7 +72,7 @@ from ..types import (
     ToolUse,
     Usage,
 )
-from ._choice import Chooser, Decision, candidates, choose_value
+from ._choice import Chooser, Decision, candidates, choose_value, pinnable
 from ._grammar import (
     ANSWER_GRAMMAR,
     CompiledGrammar,
@@ -93,6 +93,8 @@ DEFAULT_SAMPLING = Sampling(temperature=0.2, top_p=0.95)
 """What a request without ``Sampling`` gets (llama-cpp-python's chat defaults), seeded anew."""
 INSTALL_HINT = "pip install -e '.[local]'"
 ToolDecision = Literal["choose", "grammar"]
+MAX_DECISION_TOOLS = 24  # past it the decision costs too much: one grammar decides
+MAX_PINNED = 4  # string arguments chosen among candidates per call; the rest are decoded
 TOOL_DECISIONS: tuple[ToolDecision, ...] = ("choose", "grammar")
 
 log = logging.getLogger("celldialog.llm.local")
@@ -219,7 +221,7 @@ class _Engine:
                 f"the prompt is {need} tokens, more than the local model's context window of "
                 f"{self.n_ctx} (LocalModel(n_ctx=...) raises it, up to what the model was "
                 "trained for)", fault=Fault.TERMINAL, provider=PROVIDER)
-        common = 0 if pinned else \
+        common = 0 if pinned or _stateful(llm) else \
             llm.longest_token_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
         reuse = min(common, len(tokens) - 1)
         if reuse > 0:
@@ -231,10 +233,14 @@ class _Engine:
         first = np.ctypeslib.as_array(c.llama_get_logits_ith(llm.ctx, -1),
                                       shape=(self.n_vocab,)).astype(np.float64)
         out = []
-        for cont in conts:
+        stateful = _stateful(llm)
+        for n, cont in enumerate(conts):
             if not cont:
                 out.append(0.0)
                 continue
+            if stateful and n:  # its state cannot be cut back: evaluate the prefix again
+                llm.reset()
+                llm.eval(tokens)
             total = _log_softmax_at(first, cont[0])
             llm.n_tokens = base
             rest = cont[:-1]
@@ -252,6 +258,11 @@ class _Engine:
             out.append(float(total))
         llm.n_tokens = base  # the cache holds the prefix: the next request may reuse it
         return out
+
+
+def _stateful(llm: Any) -> bool:
+    """A recurrent or hybrid model keeps a state that cannot be cut back to a prefix."""
+    return bool(getattr(llm, "_is_recurrent", False) or getattr(llm, "_is_hybrid", False))
 
 
 def _log_softmax_at(logits: Any, token: int) -> float:
@@ -292,8 +303,8 @@ class Penalties:
     last_n: int = 64
 
     def __post_init__(self) -> None:
-        if not (0.0 < self.repeat <= 4.0 and 0.0 <= self.dry <= 8.0 and 0 < self.last_n
-                <= 4096) or math.isnan(self.repeat) or math.isnan(self.dry):
+        if not (isinstance(self.last_n, int) and 0.0 < self.repeat <= 4.0
+                and 0.0 <= self.dry <= 8.0 and 0 < self.last_n <= 4096):  # NaN fails too
             raise ConfigurationError(
                 f"{self!r}: repeat must be in (0, 4], dry in [0, 8], last_n in [1, 4096]")
 
@@ -382,7 +393,7 @@ class _Job:
         # same prompt evaluated in other batches (a cached prefix, then the rest) can give
         # slightly different logits, enough to change a sampled token, so a pinned request
         # is evaluated whole, the same way every time.
-        common = 0 if pinned or getattr(llm, "_is_recurrent", False) else \
+        common = 0 if pinned or _stateful(llm) else \
             llm.longest_token_prefix(llm.input_ids[: llm.n_tokens].tolist(), tokens)
         reuse = min(common, len(tokens) - 1)
         if reuse > 0:
@@ -602,14 +613,17 @@ class LocalModel:
             if self._tool_decision == "grammar":
                 return self._call_plan(tool)
             return await self._filled_plan(engine, request, tool, pinned)
-        if self._tool_decision == "grammar":
-            return _Plan(tools, self.grammar(tools, text=choice.mode == "auto").text,
-                         tool_instructions(tools))
+        if self._tool_decision == "grammar" or len(tools) > MAX_DECISION_TOOLS:
+            return self._grammar_plan(tools, choice.mode == "auto")
         if choice.mode == "auto" and _answers_results(request):
             # After a tool's result, the small model reports in words: asked for one thing,
             # it does one (a second call of the same tool would repeat the first).
             return _Plan((), ANSWER_GRAMMAR, "")
-        decision = await anyio.to_thread.run_sync(self._decide, engine, request, pinned)
+        try:
+            decision = await anyio.to_thread.run_sync(self._decide, engine, request, pinned)
+        except LLMError as e:  # the decision's prompt did not fit: one grammar decides
+            log.info("no decision (%s): the reply grammar decides", e)
+            return self._grammar_plan(tools, choice.mode == "auto")
         log.debug("decision %s %s", decision.tool, decision.scores,
                   extra={"tool": decision.tool, "scores": decision.scores})
         if decision.tool is None:
@@ -641,7 +655,8 @@ class LocalModel:
         if not isinstance(props, dict):
             return tool
         plain = [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"
-                 and not {"enum", "const", "format", "$ref"} & set(v)]
+                 and not {"enum", "const", "format", "$ref"} & set(v) and pinnable(k)]
+        plain = plain[:MAX_PINNED]  # each costs one scoring of every candidate
         options = candidates(_last_prompt(request), request.system)
         if not plain or not options:
             return tool
@@ -651,9 +666,9 @@ class LocalModel:
             narrowed = dict(props)
             for key in plain:
                 try:
-                    valid = [o for o in options
-                             if jsonschema.Draft202012Validator(props[key]).is_valid(o)]
-                except jsonschema.SchemaError:
+                    check = jsonschema.Draft202012Validator(props[key])
+                    valid = [o for o in options if check.is_valid(o)]
+                except Exception:  # a schema the validator cannot use: decode it instead
                     continue
                 if valid:
                     opening = f"{{{json.dumps(key, ensure_ascii=False)}: \""
@@ -662,11 +677,17 @@ class LocalModel:
                     narrowed[key] = {"enum": [value]}
         return tool.model_copy(update={"input_schema": {**schema, "properties": narrowed}})
 
+    def _grammar_plan(self, tools: Sequence[Tool], text: bool) -> _Plan:
+        return _Plan(tuple(tools), self.grammar(tools, text=text).text,
+                     tool_instructions(tools))
+
     def _call_plan(self, tool: Tool) -> _Plan:
         return _Plan((tool,), self.grammar([tool], text=False).text, call_instructions(tool))
 
     def _decide(self, engine: _Engine, request: Request, pinned: bool) -> Decision:
         """The decision, in a worker thread holding the model."""
+        if request.tool_choice.mode == "none" or not request.tools:
+            return Decision(None, {})
         with engine.thread_lock:
             if self._chooser is None:
                 self._chooser = Chooser(lambda system, user: _render(
@@ -674,7 +695,8 @@ class LocalModel:
                              {"role": "user", "content": user}]))
             return self._chooser.decide(
                 lambda prefix, conts: engine.score(prefix, conts, pinned), request.system,
-                _last_prompt(request), request.tools, answer=request.tool_choice.mode == "auto")
+                _last_prompt(request), request.tools, answer=request.tool_choice.mode == "auto",
+                pinned=pinned)
 
     # -- helpers ------------------------------------------------------------------------
 
