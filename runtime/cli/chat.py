@@ -50,6 +50,13 @@ if TYPE_CHECKING:
 
 __all__ = ["command"]
 
+LOCAL_NOTE = (
+    "a tiny model: in the todo agent it makes the right call for 7 of 10 plain \"add\" "
+    "requests and answers 18 of 20 questions without a tool (docs/local-model.md); for real "
+    "work use a provider: --model sonnet with ANTHROPIC_API_KEY set")
+"""Said under the model line when the model is the embedded one: what to expect of it, as
+measured (``bench/local_model.py``), and the one-line way to a provider."""
+
 RESULT_CHARS = 200  # characters of a tool result, a call's arguments or a state value shown
 DIALOG_KEYS = frozenset({"messages", "pending", "partial", "error", "usage", "dropped",
                          "stop_reason", "result", "turn", "flattened_tools", "tools"})
@@ -439,6 +446,8 @@ class _Chat:
         out = self.console
         out.print(f"[bold]celldialog chat[/] · {self.pattern.key}", soft_wrap=True)
         out.print(f"model: [bold]{self.choice.label}[/] ({self.choice.why})", soft_wrap=True)
+        if self.choice.model.provider == "local":
+            out.print(f"[dim]{LOCAL_NOTE}[/]", soft_wrap=True)
         where = self.url.removeprefix("sqlite:///")
         out.print(f"store: {where} · user {self.user} · session {self.session}",
                   soft_wrap=True, markup=False)

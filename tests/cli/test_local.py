@@ -21,6 +21,8 @@ def test_chat_runs_offline_on_the_local_model_and_says_so(env: dict[str, str],
     try:
         term.expect(r"model: local:\S+ \(the default: no --model and CELLDIALOG_MODEL unset, "
                     r"so the embedded local model, offline\)")
+        term.expect(r"a tiny model: in the todo agent it makes the right call for \d+ of 10 "
+                    r"plain \"add\" requests .* for real work use a provider: --model sonnet")
         term.expect(r"leaves\.\s*\n")
         term.expect(r"you> ")
         term.line("Say hello.")
