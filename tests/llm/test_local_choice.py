@@ -30,6 +30,8 @@ from runtime.llm.providers._choice import (
     intent_of,
 )
 
+pytestmark = pytest.mark.anyio
+
 ADD = Tool(name="addItem", description="Add an open item to the list.",
            input_schema={"type": "object", "properties": {"title": {"type": "string"}},
                          "required": ["title"]})
@@ -139,7 +141,7 @@ GREEDY = Sampling(temperature=0.0)
 
 
 def _ask(text: str, **kw: object) -> Request:
-    return Request(system="You keep the user's todo list.", tools=(ADD, REMOVE), max_tokens=40,
+    return Request(system="You keep the user's todo list.", tools=(ADD, REMOVE), max_tokens=96,
                    sampling=GREEDY, messages=(Message.text(Role.USER, text),), **kw)
 
 
