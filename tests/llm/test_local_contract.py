@@ -171,7 +171,7 @@ async def test_tool_round_trip(mode: Mode) -> None:
 
 async def test_stream_assembles_to_the_generate_response() -> None:
     model = local_model()
-    request = Request(system="Be brief.", tools=(WEATHER, CLOCK), max_tokens=40,
+    request = Request(system="Be brief.", tools=(WEATHER, CLOCK), max_tokens=96,
                       sampling=GREEDY, messages=(Message.text(Role.USER, "Weather in Rome?"),))
     with anyio.fail_after(120):
         generated = await model.generate(request)

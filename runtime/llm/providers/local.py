@@ -342,7 +342,7 @@ class _Job:
         self.rejections = 0  # tokens the grammar refused, so sampled again among all
 
     def start(self, prompt: str, grammar: str | None, sampling: Sampling, max_tokens: int,
-              pinned: bool, penalties: Penalties | None) -> None:
+              pinned: bool, penalties: Penalties | None = None) -> None:
         """Take the model and set the request up (blocking: run in a worker thread). The
         job is built beforehand on the event loop, so ``close`` frees the model even when
         the caller is cancelled while this runs."""
