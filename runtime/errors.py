@@ -32,9 +32,12 @@
     │   ├── MCPServerError            an MCP server that cannot start (names it, never its env)
     │   └── SkillError                a skills directory that cannot be used
     │       └── SkillFormatError      a SKILL.md without valid name/description frontmatter
-    └── (the evaluator, runtime.evals)
-        ├── EvalLoadError             an EVALS path or module that cannot be loaded
-        └── ReportError               a CSV report that cannot be read or compared
+    ├── (the evaluator, runtime.evals)
+    │   ├── EvalLoadError             an EVALS path or module that cannot be loaded
+    │   └── ReportError               a CSV report that cannot be read or compared
+    └── (the web page, runtime.web.errors)
+        └── WebError                  the server cannot do what it was asked
+            └── WebConfigError        a secret, limit, auth hook or pattern it cannot use
 
 Errors of the libraries underneath (``sqlite3``, ``jsonschema``, ``httpx``) never escape
 bare: they are wrapped in one of these. Storage errors keep the original as ``__cause__``;

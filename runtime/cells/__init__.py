@@ -16,7 +16,7 @@ or reaches for an underscore attribute. What they need beyond applications' API:
 - the one link-admission policy (``runtime/cells/links.py``): ``admit_links`` for input from
   outside the graph, ``as_link``, ``reachable_scopes``, ``admits_link``;
 - schemas: ``SchemaLike``, ``to_json_schema``, ``validate``, ``subschema``,
-  ``asks_for_link``; ids: ``canonical``.
+  ``asks_for_link``; ids: ``canonical``; strict JSON equality: ``same``.
 """
 
 from ..errors import (
@@ -38,6 +38,7 @@ from ..storage import DocKey
 from .builtin import BuiltinNode
 from .cell import STREAM_MARKER, Cell, Stream
 from .documents import Change, Transaction
+from .equality import same
 from .ids import canonical
 from .jsonpath import MISSING, Path, is_link, parse_pointer, pointer
 from .links import (
@@ -104,6 +105,7 @@ __all__ = [
     "pattern",
     "pointer",
     "reachable_scopes",
+    "same",
     "subschema",
     "to_json_schema",
     "validate",

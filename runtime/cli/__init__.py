@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("runtime.cli.models_cmd", "Show the providers, the model catalog and the default."),
     "mcp": ("runtime.cli.mcp_serve", "Serve a pattern's handlers as MCP tools over stdio."),
     "eval": ("runtime.cli.eval_cmd", "Run evals across models and report success rates."),
+    "serve": ("runtime.cli.serve", "Serve a pattern as a web page, a conversation per session."),
 }
 """Subcommand name -> (module defining ``command``, one-line help shown by ``--help``)."""
 

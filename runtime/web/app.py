@@ -1,0 +1,457 @@
+"""The server: a Starlette app that serves one pattern, one instance per user and session.
+
+A request passes the checks in order, each in one place: the ``Host`` (``TrustedHostMiddleware``,
+against DNS rebinding), then for anything but a read its ``Origin`` (``guards.OriginGuard``:
+a POST from another site or without an ``Origin`` is refused), then who is asking
+(``identity``: the signed cookie, or the application's ``authenticate`` hook), then whether
+the session is theirs (``sessions``), then the limits (``limits``). Only then does a request
+touch the runtime, through its public front: ``rt.run`` finds or starts the instance and
+``inst.send`` runs the event under the stream's schema, in its own transaction.
+
+What the page sees is the instance's cells (``hub``): a snapshot when a tab (re)connects,
+then coalesced patches (``wire``). Stop is an event like any other (the dialog's
+``cancel_generation``), so cancelling is state, not a killed task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..cells import Instance, Pattern, Runtime
+from ..errors import CelldialogError
+from .errors import WebConfigError
+from .guards import OriginGuard, SecurityHeaders
+from .hub import Broadcaster, Hub
+from .identity import (
+    COOKIE,
+    Authenticate,
+    CookieSigner,
+    check_user_id,
+    is_minted_id,
+    load_secret,
+    new_id,
+)
+from .limits import ConnectionCounter, Limits, RateLimiter
+from .sessions import sessions_index, title_of
+from .surface import surface
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("celldialog.web")
+
+STATIC = Path(__file__).parent / "static"
+RETRY_MS = 1000  # how long a browser waits before it reconnects a dropped stream
+COOKIE_AGE = 400 * 24 * 3600  # the longest browsers keep a cookie
+REFUSED_EVENTS = (CelldialogError, ValueError, TypeError, LookupError)
+"""What ``inst.send`` raises for an event that was wrong (its schema, its links, a handler's
+refusal): the client is told why (400). Anything else is the server's fault (500)."""
+
+
+def create_app(pattern: Pattern | None = None, *, runtime: Runtime | None = None,
+               store: str = "memory", model: Any = None, args: dict[str, Any] | None = None,
+               space: str = "default", secret: str | bytes | None = None,
+               authenticate: Authenticate | None = None, limits: Limits | None = None,
+               allowed_hosts: list[str] | None = None,
+               allowed_origins: list[str] | None = None) -> Starlette:
+    """The app serving ``pattern`` (default: the bundled chatbot) to many users at once.
+
+    ``runtime``: a running ``Runtime`` to serve from (its owner opens and closes it);
+    without one, the app opens ``Runtime(store, model=model)`` for its lifespan. ``args``:
+    the pattern's arguments, the same for every session. ``secret`` signs the identity
+    cookie (default: ``CELLDIALOG_WEB_SECRET``, else a secret kept in the user data
+    directory). ``authenticate(request)`` returns the user's id (or None: 401) from the
+    application's own login; with it no cookie is minted. ``allowed_hosts``: the ``Host``
+    names served (default: any); ``allowed_origins``: origins besides the page's own that may
+    POST (a page served under another name by a proxy).
+    """
+    if pattern is None:
+        from patterns.chatbot import chatbot
+
+        pattern = chatbot
+    if not isinstance(pattern, Pattern):
+        raise WebConfigError(f"create_app() serves a @pattern, got {pattern!r}")
+    if args is not None and not isinstance(args, dict):
+        raise WebConfigError(f"the pattern's args must be a dict, got {type(args).__name__}")
+    server = _Server(pattern, args, space, limits or Limits(), authenticate,
+                     None if authenticate else CookieSigner(load_secret(secret)))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            if runtime is not None:
+                server.rt = runtime
+                await server.start(tg)
+                yield
+            else:
+                async with Runtime(store, model=model) as rt:
+                    server.rt = rt
+                    await server.start(tg)
+                    yield
+                    server.close()
+            tg.cancel_scope.cancel()
+
+    routes = [
+        Route("/", server.home, methods=["GET"]),
+        Route("/c/{session}", server.page, methods=["GET"]),
+        Route("/api/sessions", server.list_sessions, methods=["GET"]),
+        Route("/api/sessions", server.new_session, methods=["POST"]),
+        Route("/api/sessions/{session}/events", server.events, methods=["GET"]),
+        Route("/api/sessions/{session}/streams/{name:path}", server.post_event,
+              methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    middleware = [
+        Middleware(SecurityHeaders),
+        Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"]),
+        Middleware(OriginGuard, allowed=allowed_origins or []),
+    ]
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.celldialog = server
+    return app
+
+
+def _error(status: int, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status, headers=headers or None)
+
+
+class _Refused(Exception):
+    """A request answered with an error response (raised where the check is made)."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+def _answering(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    async def endpoint(self: _Server, request: Request) -> Response:
+        try:
+            return await fn(self, request)
+        except _Refused as r:
+            return r.response
+    endpoint.__name__ = fn.__name__
+    endpoint.__doc__ = fn.__doc__
+    return endpoint
+
+
+@dataclass(eq=False)
+class _Session:
+    """A (user, session) being served: its instance, what of it the page shows, and, while
+    tabs watch, its hub."""
+
+    inst: Instance
+    cells: dict[str, Any]
+    describe: dict[str, Any]
+    hub: Hub | None = None
+    titled: bool = False
+
+    def chat_cell(self, part: str) -> Any:
+        name = self.describe["chat"][part]
+        return self.cells.get(name) if name is not None else None
+
+
+@dataclass(eq=False)
+class _Server:
+    pattern: Pattern
+    args: dict[str, Any] | None
+    space: str
+    limits: Limits
+    authenticate: Authenticate | None
+    signer: CookieSigner | None
+    rt: Runtime | None = None
+    broadcaster: Broadcaster = field(init=False)
+    served: dict[tuple[str, str], _Session] = field(default_factory=dict)
+    events_rate: RateLimiter = field(init=False)
+    sessions_rate: RateLimiter = field(init=False)
+    connections: ConnectionCounter = field(init=False)
+
+    def __post_init__(self) -> None:
+        lim = self.limits
+        self.broadcaster = Broadcaster(lim.coalesce)
+        self.events_rate = RateLimiter(lim.events_per_second, lim.burst)
+        self.sessions_rate = RateLimiter(1.0, 10)  # "New chat": a person's pace
+        self.connections = ConnectionCounter(lim.max_connections)
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        await tg.start(self.broadcaster.run)
+
+    def close(self) -> None:
+        for served in self.served.values():
+            if served.hub is not None:
+                served.hub.close()
+        self.served.clear()
+
+    # -- who is asking ------------------------------------------------------------------
+
+    async def user_of(self, request: Request) -> str | None:
+        if self.authenticate is not None:
+            user = self.authenticate(request)
+            if isinstance(user, Awaitable):
+                user = await user
+            return None if user is None else check_user_id(user)
+        assert self.signer is not None
+        return self.signer.unsign(request.cookies.get(COOKIE))
+
+    async def require_user(self, request: Request) -> str:
+        user = await self.user_of(request)
+        if user is None:
+            raise _Refused(_error(401, "no identity: open the page (GET /) first, which "
+                                       "gives this browser its cookie"
+                                  if self.authenticate is None else "not signed in"))
+        return user
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def runtime(self) -> Runtime:
+        if self.rt is None:
+            raise _Refused(_error(503, "the server is starting: try again"))
+        return self.rt
+
+    def index(self, user: str) -> Instance:
+        return self.runtime().run(sessions_index, space=self.space, user=user)
+
+    def sessions(self, user: str) -> list[dict[str, Any]]:
+        value: list[dict[str, Any]] = self.index(user).result.key("sessions").get()
+        return value
+
+    async def make_session(self, user: str) -> str:
+        if len(self.sessions(user)) >= self.limits.max_sessions:
+            raise _Refused(_error(429, f"this user has {self.limits.max_sessions} sessions, "
+                                       "the most the server keeps"))
+        sid = new_id()
+        await self.index(user).send("add", {"id": sid, "created": time.time()})
+        return sid
+
+    def owned(self, user: str, sid: str) -> bool:
+        return is_minted_id(sid) and any(s["id"] == sid for s in self.sessions(user))
+
+    def session(self, user: str, sid: str) -> _Session:
+        """The user's session ``sid``, running (404 if it is not theirs)."""
+        served = self.served.get((user, sid))
+        if served is not None:
+            return served
+        if not self.owned(user, sid):
+            raise _Refused(_error(404, "no such session for this user: open / for yours, or "
+                                       "POST /api/sessions for a new one"))
+        inst = self.runtime().run(self.pattern, self.args, space=self.space, user=user,
+                                  session=sid)
+        cells, describe = surface(inst)
+        served = self.served[(user, sid)] = _Session(inst, cells, {**describe, "session": sid})
+        return served
+
+    def hub(self, served: _Session) -> Hub:
+        if served.hub is None:
+            served.hub = Hub(served.inst, served.cells, served.describe, self.limits.queue,
+                             self.broadcaster.mark)
+        return served.hub
+
+    # -- the page -------------------------------------------------------------------------
+
+    async def identify_page(self, request: Request) -> tuple[str | None, str | None]:
+        """The page's user, minting one (returned second, for the cookie) if there is none.
+        None, None: a cross-site navigation without the cookie (``SameSite=Strict`` kept it
+        back), answered with a reload from this site, which sends it."""
+        user = await self.user_of(request)
+        if user is not None or self.authenticate is not None:
+            return user, None
+        if request.headers.get("sec-fetch-site") == "cross-site":
+            return None, None
+        user = new_id()
+        return user, user
+
+    def with_cookie(self, response: Response, request: Request, minted: str | None
+                    ) -> Response:
+        if minted is not None:
+            assert self.signer is not None
+            response.set_cookie(COOKIE, self.signer.sign(minted), max_age=COOKIE_AGE,
+                                path="/", httponly=True, samesite="strict",
+                                secure=request.url.scheme == "https")
+        return response
+
+    @_answering
+    async def home(self, request: Request) -> Response:
+        """``/``: the newest session (a new one if there is none)."""
+        user, minted = await self.identify_page(request)
+        if user is None:
+            return _reload_page() if self.authenticate is None else _error(401, "not signed in")
+        listed = self.sessions(user)
+        sid = listed[0]["id"] if listed else await self.make_session(user)
+        return self.with_cookie(RedirectResponse(f"/c/{sid}", 303), request, minted)
+
+    @_answering
+    async def page(self, request: Request) -> Response:
+        """``/c/{session}``: the page (the same static shell for every session)."""
+        user, minted = await self.identify_page(request)
+        if user is None:
+            return _reload_page() if self.authenticate is None else _error(401, "not signed in")
+        if not self.owned(user, request.path_params["session"]):
+            return self.with_cookie(_not_found_page(), request, minted)
+        return self.with_cookie(FileResponse(STATIC / "index.html"), request, minted)
+
+    # -- the API --------------------------------------------------------------------------
+
+    @_answering
+    async def list_sessions(self, request: Request) -> Response:
+        user = await self.require_user(request)
+        return JSONResponse({"pattern": self.pattern.key, "sessions": self.sessions(user)})
+
+    @_answering
+    async def new_session(self, request: Request) -> Response:
+        user = await self.require_user(request)
+        wait = self.sessions_rate.take(user)
+        if wait:
+            raise _Refused(_too_many("new sessions", wait))
+        return JSONResponse({"id": await self.make_session(user)}, 201)
+
+    @_answering
+    async def events(self, request: Request) -> Response:
+        """The session's event stream: a snapshot, then patches."""
+        user = await self.require_user(request)
+        served = self.session(user, request.path_params["session"])
+        if not self.connections.acquire(user):
+            raise _Refused(_error(429, f"this user has {self.limits.max_connections} event "
+                                       "streams open, the most allowed: close a tab",
+                                  **{"Retry-After": "5"}))
+        hub = self.hub(served)
+        tab, snapshot = hub.join(RETRY_MS)
+
+        async def body() -> AsyncIterator[bytes]:
+            yield snapshot
+            async with tab.receive:
+                async for payload in tab.receive:
+                    yield payload
+
+        def release() -> None:
+            hub.leave(tab)
+            self.connections.release(user)
+            if not hub.tabs and served.hub is hub:  # nobody watches: stop observing
+                hub.close()
+                served.hub = None
+
+        return _Released(release, body(), ping=self.limits.ping, send_timeout=30,
+                         headers={"Cache-Control": "no-store"})
+
+    @_answering
+    async def post_event(self, request: Request) -> Response:
+        """An event for one of the instance's streams, checked by the stream's schema."""
+        user = await self.require_user(request)
+        sid = request.path_params["session"]
+        served = self.session(user, sid)
+        name = request.path_params["name"]
+        inst = served.inst
+        if name not in inst.streams:
+            known = ", ".join(sorted(inst.streams)) or "none"
+            raise _Refused(_error(404, f"this pattern has no stream {name!r}; its streams: "
+                                       f"{known}"))
+        wait = self.events_rate.take((user, sid))
+        if wait:
+            raise _Refused(_too_many("events in this session", wait))
+        event = _parse_event(await _read_body(request, self.limits.max_body))
+        dropped_cell = served.chat_cell("dropped")
+        before = dropped_cell.get() if dropped_cell is not None else None
+        try:
+            await inst.send(name, event)
+        except REFUSED_EVENTS as e:
+            raise _Refused(_error(400, f"event refused by stream {name!r}: {e}")) from None
+        except Exception:
+            log.exception("stream %r of %s failed on an event", name, inst.pattern.name)
+            raise _Refused(_error(500, f"stream {name!r} failed on this event (the server "
+                                       "logged why)")) from None
+        answer: dict[str, Any] = {"ok": True}
+        if dropped_cell is not None and dropped_cell.get() != before:
+            answer["dropped"] = True  # a reply was still running: the dialog ignored it
+        elif not served.titled and name == served.describe["chat"]["send"]:
+            await self.name_session(user, sid, served, event)
+        return JSONResponse(answer, 202)
+
+    async def name_session(self, user: str, sid: str, served: _Session, event: Any) -> None:
+        served.titled = True
+        title = title_of(event)
+        if title:
+            await self.index(user).send("name", {"id": sid, "title": title})
+
+
+class _Released(EventSourceResponse):
+    """An event stream that runs ``release`` when it ends, however it ends."""
+
+    def __init__(self, release: Callable[[], None], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def _too_many(what: str, wait: float) -> JSONResponse:
+    seconds = max(1, math.ceil(wait))
+    return _error(429, f"too many {what}: try again in {seconds} s",
+                  **{"Retry-After": str(seconds)})
+
+
+async def _read_body(request: Request, cap: int) -> bytes:
+    """The body, refused (413) as soon as it passes ``cap`` bytes: never read whole."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise _Refused(_error(413, f"the event is {declared} bytes; the most is {cap}"))
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise _Refused(_error(413, f"the event is over {cap} bytes, the most allowed"))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_event(body: bytes) -> Any:
+    if not body:
+        raise _Refused(_error(400, "the body is empty: send the event as JSON (null for none)"))
+    try:
+        return json.loads(body, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        why = e.msg if isinstance(e, json.JSONDecodeError) else str(e) or "too deep"
+        raise _Refused(_error(400, f"the body is not JSON ({why}): send the event as "
+                                   "JSON, a string in quotes")) from None
+
+
+_RELOAD = """<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0">
+<title>celldialog</title><p>Opening…</p>"""
+
+_NOT_FOUND = """<!doctype html><meta charset="utf-8"><title>No such conversation</title>
+<link rel="stylesheet" href="/static/app.css"><main class="notfound"><h1>No such
+conversation</h1><p>It is not one of yours, or it never existed.</p>
+<p><a href="/">Open your conversations</a></p></main>"""
+
+
+def _reload_page() -> Response:
+    """A link from another site arrives without the ``SameSite=Strict`` cookie; reloading
+    from this site sends it, so the user keeps their identity instead of getting a new
+    one."""
+    return HTMLResponse(_RELOAD, headers={"Cache-Control": "no-store"})
+
+
+def _not_found_page() -> Response:
+    return HTMLResponse(_NOT_FOUND, 404)
