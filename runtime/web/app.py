@@ -432,7 +432,8 @@ def _parse_event(body: bytes) -> Any:
     try:
         return json.loads(body, parse_constant=_no_constant)
     except (ValueError, RecursionError) as e:
-        why = e.msg if isinstance(e, json.JSONDecodeError) else str(e) or "too deep"
+        why = (e.msg if isinstance(e, json.JSONDecodeError) else
+               "nested too deeply" if isinstance(e, RecursionError) else str(e))
         raise _Refused(_error(400, f"the body is not JSON ({why}): send the event as "
                                    "JSON, a string in quotes")) from None
 

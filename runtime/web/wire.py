@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..cells import pointer, same
+from ..cells import parse_pointer, pointer, same
 
-__all__ = ["VERSION", "diff", "frame", "to_json"]
+__all__ = ["VERSION", "apply", "diff", "frame", "to_json"]
 
 VERSION = 1
 """The wire format's version, sent in every snapshot (``"v"``)."""
@@ -67,6 +67,29 @@ def _diff(old: Any, new: Any, path: tuple[str | int, ...], ops: list[dict[str, A
         elif new == old:
             return
     ops.append({"op": "replace", "path": pointer(path), "value": new})
+
+
+def apply(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """``doc`` with ``ops`` applied in order, in place (what the page's script does; the
+    tests and the benchmark use it as the client's side). A path that does not fit the
+    document is a ``ValueError``."""
+    for op in ops:
+        *parents, last = parse_pointer(op["path"])
+        target: Any = doc
+        for token in parents:
+            target = target[int(token) if isinstance(target, list) else token]
+        kind = op["op"]
+        if kind == "add" and last == "-" and isinstance(target, list):
+            target.append(op["value"])
+            continue
+        key = int(last) if isinstance(target, list) else last
+        if kind == "replace":
+            target[key] = op["value"]
+        elif kind == "append" and isinstance(target[key], str):
+            target[key] += op["value"]
+        else:
+            raise ValueError(f"cannot apply {kind} at {op['path']}")
+    return doc
 
 
 def to_json(value: Any) -> str:
