@@ -18,8 +18,8 @@ import pytest
 from runtime import Runtime
 from runtime.llm import ScriptedModel
 from runtime.llm.events import Stop, TextDelta
-from runtime.llm.types import StopReason
 from runtime.llm.scripted import Pause
+from runtime.llm.types import StopReason
 from runtime.web import COOKIE, Limits, WebConfigError, create_app
 from runtime.web.hub import Hub
 from runtime.web.identity import CookieSigner, load_secret
