@@ -256,7 +256,7 @@ class _Server:
         return served
 
     def hub(self, served: _Session) -> Hub:
-        if served.hub is None:
+        if served.hub is None or served.hub.closed:
             served.hub = Hub(served.inst, served.cells, served.describe, self.limits.queue,
                              self.broadcaster.mark)
         return served.hub

@@ -15,6 +15,7 @@ it, with no await between the two, so the snapshot and the patches never overlap
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from ..cells import Cell, Instance
 
 __all__ = ["Broadcaster", "Hub", "Tab"]
+
+log = logging.getLogger("celldialog.web")
 
 
 class Tab:
@@ -72,6 +75,7 @@ class Hub:
         self._unsubscribe = [cell.sink(self._sink(name)) for name, cell in cells.items()]
         self.sent: dict[str, Any] = dict(self.latest)
         self.changed.clear()
+        self.closed = False
 
     def _sink(self, name: str) -> Callable[[Any], None]:
         def changed(value: Any) -> None:
@@ -109,6 +113,7 @@ class Hub:
 
     def close(self) -> None:
         """Unsubscribe from the cells and end every tab's stream."""
+        self.closed = True
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe.clear()
@@ -139,4 +144,9 @@ class Broadcaster:
             self._wake = anyio.Event()
             hubs, self._dirty = self._dirty, {}
             for hub in hubs:
-                hub.flush()
+                try:
+                    hub.flush()
+                except Exception:  # one instance's bad value must not stop everyone's patches
+                    log.exception("patching the tabs of %r failed: they are closed and "
+                                  "reconnect to a snapshot", hub.inst)
+                    hub.close()
