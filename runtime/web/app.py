@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -176,7 +177,7 @@ class _Server:
     signer: CookieSigner | None
     rt: Runtime | None = None
     broadcaster: Broadcaster = field(init=False)
-    served: dict[tuple[str, str], _Session] = field(default_factory=dict)
+    served: OrderedDict[tuple[str, str], _Session] = field(default_factory=OrderedDict)
     events_rate: RateLimiter = field(init=False)
     sessions_rate: RateLimiter = field(init=False)
     connections: ConnectionCounter = field(init=False)
@@ -245,6 +246,7 @@ class _Server:
         """The user's session ``sid``, running (404 if it is not theirs)."""
         served = self.served.get((user, sid))
         if served is not None:
+            self.served.move_to_end((user, sid))
             return served
         if not self.owned(user, sid):
             raise _Refused(_error(404, "no such session for this user: open / for yours, or "
@@ -253,7 +255,25 @@ class _Server:
                                   session=sid)
         cells, describe = surface(inst)
         served = self.served[(user, sid)] = _Session(inst, cells, {**describe, "session": sid})
+        self.evict()
         return served
+
+    def evict(self) -> None:
+        """Past ``max_instances`` running, stop the least recently used that no tab watches
+        and no reply runs in. Its documents stay in the store: the next request for it runs
+        the pattern again and finds them."""
+        over = len(self.served) - self.limits.max_instances
+        if over <= 0:
+            return
+        for key in list(self.served)[:-1]:  # oldest first; never the one just asked for
+            served = self.served[key]
+            pending = served.chat_cell("pending")
+            if served.hub is None and not (pending is not None and pending.get()):
+                del self.served[key]
+                self.runtime().stop(served.inst)
+                over -= 1
+                if not over:
+                    return
 
     def hub(self, served: _Session) -> Hub:
         if served.hub is None or served.hub.closed:

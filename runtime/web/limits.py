@@ -28,6 +28,8 @@ class Limits:
     - ``events_per_second`` and ``burst``: a session's events, as a token bucket (429).
     - ``max_connections``: open event streams per user, all tabs together (429).
     - ``max_sessions``: sessions one user may make (429 on "New chat" past it).
+    - ``max_instances``: sessions kept running in memory; past it, the least recently used
+      one that no tab watches and no reply runs in is stopped (its documents stay stored).
     - ``queue``: patches waiting for one slow tab before it is dropped.
     - ``coalesce``: seconds over which commits are gathered into one patch (0: none).
     - ``ping``: seconds between keep-alive comments on an idle stream.
@@ -38,12 +40,14 @@ class Limits:
     burst: int = 20
     max_connections: int = 16
     max_sessions: int = 1000
+    max_instances: int = 2000
     queue: int = 256
     coalesce: float = 0.03
     ping: float = 15.0
 
     def __post_init__(self) -> None:
-        for name in ("max_body", "burst", "max_connections", "max_sessions", "queue"):
+        for name in ("max_body", "burst", "max_connections", "max_sessions", "max_instances",
+                     "queue"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise WebConfigError(f"Limits.{name} must be a positive integer, got {value!r}")

@@ -347,3 +347,25 @@ async def test_a_tab_too_slow_for_its_queue_is_closed_and_others_go_on() -> None
         assert all(b'"path":"/notes"' in p for p in got) and len(set(got)) == 5
         hub.close()
         assert fast.dropped
+
+
+async def test_idle_instances_past_the_limit_are_stopped_and_come_back_whole() -> None:
+    model = ScriptedModel(["First answer.", "Second answer."])
+    app = app_for(model, limits=Limits(max_instances=1))
+    async with serving(app) as base, Browser(base) as b:
+        server = app.state.celldialog
+        first = await b.open()
+        async with b.tab(first) as tab:
+            await b.send(first, "send", "one")
+            await tab.until(lambda d: texts(d["messages"], "assistant") == ["First answer."])
+        second = (await b.post("/api/sessions", None)).json()["id"]
+        async with b.tab(second) as tab:  # the first, unwatched and idle, is stopped
+            running = [key[1] for key in server.served]
+            assert running == [second]
+            async with b.tab(first) as again:  # ... and runs again from its documents
+                assert texts(again.doc["messages"], "user") == ["one"]
+                await b.send(first, "send", "two")
+                await again.until(lambda d: texts(d["messages"], "assistant")
+                                  == ["First answer.", "Second answer."])
+            assert tab.doc["messages"] == []  # a watched instance was never stopped
+            assert {key[1] for key in server.served} == {first, second}

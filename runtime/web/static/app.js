@@ -194,7 +194,7 @@
       const m = renderMessage(list[shown]);
       if (m) ui.messages.append(m);
     }
-    ui.empty.hidden = list.length > 0 || pending();
+    ui.empty.hidden = list.length > 0 || pending() || !name('messages');
   }
 
   // -- the running reply, errors and notes under the messages -------------------------
@@ -286,7 +286,7 @@
       }
       return dl;
     }
-    if (v === null || v === undefined) return el('span', 'muted', '—');
+    if (v === null || v === undefined || v === '') return el('span', 'muted', v === '' ? 'empty' : '—');
     return el('span', 'value', String(v));
   }
   function renderState(key) {
@@ -309,8 +309,9 @@
   }
 
   // -- the wire format: snapshot and patches ---------------------------------------
+  const pointer = (path) => path.split('/').slice(1).map((k) => k.replace(/~1/g, '/').replace(/~0/g, '~'));
   function applyOp(op) {
-    const keys = op.path.split('/').slice(1).map((k) => k.replace(/~1/g, '/').replace(/~0/g, '~'));
+    const keys = pointer(op.path);
     if (!keys.length) { S.cells = op.value; return; }
     let parent = S.cells;
     for (const k of keys.slice(0, -1)) parent = parent[Array.isArray(parent) ? Number(k) : k];
@@ -331,10 +332,10 @@
     let rebuild = false;
     for (const op of ops) {
       applyOp(op);
-      const top = op.path.split('/')[1] ?? '';
-      touched.add(top.replace(/~1/g, '/').replace(/~0/g, '~'));
-      if (top === name('messages') && !(op.op === 'add' && op.path === `/${top}/-`)) rebuild = true;
-      if (op.path === '') rebuild = true;
+      const keys = pointer(op.path);
+      touched.add(keys[0]);
+      const push = op.op === 'add' && keys.length === 2 && keys[1] === '-';
+      if (!keys.length || (keys[0] === name('messages') && !push)) rebuild = true;
     }
     if (rebuild) { renderMessages(true); renderState(); } else {
       if (touched.has(name('messages'))) renderMessages(false);
