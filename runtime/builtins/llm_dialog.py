@@ -431,8 +431,10 @@ class _DialogNode:
                 on_tool_result=lambda result: run.results.__setitem__(result.tool_use_id,
                                                                       result),
             )
-            outcome = await run_steps(model, build, execute=self._execute(rt, run),
-                                      history=history, sink=sink, max_steps=self.max_steps)
+            async with run.text.trailing(rt, turn_id):
+                outcome = await run_steps(model, build, execute=self._execute(rt, run),
+                                          history=history, sink=sink,
+                                          max_steps=self.max_steps)
             self._finish(rt, run, outcome)
         except _TurnLost:
             log.info("%s: turn %s was cancelled or taken over elsewhere; it stops",

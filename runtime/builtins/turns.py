@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
+
+import anyio
 
 from ..cells import BuiltinNode, Cell, Runtime, computed
 from ..llm.errors import cap_message
@@ -116,28 +120,66 @@ class TurnState:
 
 class PartialText:
     """Streamed text of one turn, flushed into ``partial`` a few times a second (each flush
-    appends only what arrived since the last one)."""
+    appends only what arrived since the last one). Text held back by the interval is
+    written at most ``PARTIAL_INTERVAL`` later even if nothing follows it (``trailing``): a
+    model that pauses mid-reply has shown all it sent."""
 
-    __slots__ = ("flushed", "last", "state", "unflushed")
+    __slots__ = ("flushed", "held", "last", "state", "unflushed")
 
     def __init__(self, state: TurnState, now: float) -> None:
         self.state = state
         self.unflushed: list[str] = []
         self.flushed = False  # this step wrote into `partial`
         self.last = now
+        self.held: anyio.Event | None = None  # set while text waits for the interval
 
     def feed(self, rt: Runtime, turn_id: str, delta: str) -> None:
         self.unflushed.append(delta)
         now = rt.clock()
         if now - self.last < PARTIAL_INTERVAL:
-            return  # coarsened: a few writes a second, not one per token
+            if self.held is not None:
+                self.held.set()  # coarsened: the trailing flush writes it if nothing follows
+            return  # a few writes a second, not one per token
+        self._flush(rt, turn_id, now)
+
+    def _flush(self, rt: Runtime, turn_id: str, now: float) -> None:
         self.last = now
+        if not self.unflushed:
+            return
         piece = "".join(self.unflushed)
         self.unflushed.clear()
         with rt.transaction():
             if self.state.owns(rt, turn_id):
                 self.state.chunks.push(piece)
                 self.flushed = True
+
+    @asynccontextmanager
+    async def trailing(self, rt: Runtime, turn_id: str) -> AsyncIterator[None]:
+        """While the block runs, text held back is flushed ``PARTIAL_INTERVAL`` after it
+        arrived. The block's own exception leaves as itself, not in a group."""
+        failure: BaseException | None = None
+        self.held = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._trail, rt, turn_id)
+            try:
+                yield
+            except BaseException as e:  # re-raised below, bare
+                failure = e
+            finally:
+                tg.cancel_scope.cancel()
+                self.held = None
+        if failure is not None:
+            raise failure
+
+    async def _trail(self, rt: Runtime, turn_id: str) -> None:
+        while self.held is not None:
+            await self.held.wait()
+            await anyio.sleep(PARTIAL_INTERVAL)
+            self.held = anyio.Event()
+            try:
+                self._flush(rt, turn_id, rt.clock())
+            except Exception as e:  # the turn's own next write meets the same failure
+                logging.getLogger("celldialog").debug("a trailing flush failed: %s", e)
 
     def reset(self) -> None:
         """Inside a transaction: a new step streams afresh."""

@@ -43,3 +43,26 @@ async def test_each_flush_of_partial_writes_only_the_new_text():
     # linear: the turn's commits wrote about the reply twice (streamed, then stored in the
     # history), not everything so far again at each flush (that would be ~20 MB here)
     assert written[0] <= 4 * len(reply), written[0]
+
+
+async def test_text_held_back_by_the_interval_is_written_when_the_model_pauses():
+    """Deltas closer together than the flush interval, then a long pause (a model
+    thinking mid-reply): all that was sent shows in ``partial`` during the pause."""
+    import anyio
+
+    from runtime.llm.scripted import Pause
+
+    events = [TextDelta(index=0, text="Hel"), TextDelta(index=0, text="lo, "),
+              TextDelta(index=0, text="Ada"), Pause(600), Stop(stop_reason=StopReason.END_TURN)]
+    async with Runtime(model=ScriptedModel([events])) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        partial = inst.result.key("partial")
+        whole = anyio.Event()
+        partial.sink(lambda value: whole.set() if value == "Hello, Ada" else None)
+        await inst.send("send", "talk")
+        with anyio.fail_after(5):  # the interval is 0.25 s; the pause 600 s
+            await whole.wait()
+        assert inst.result.key("pending").get() is True
+        await inst.send("cancel", None)
+        await rt.settled()
+        assert partial.get() is None and inst.result.key("pending").get() is False
