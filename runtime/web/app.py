@@ -459,10 +459,10 @@ def _parse_event(body: bytes) -> Any:
 
 
 _RELOAD = """<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0">
-<title>celldialog</title><p>Opening…</p>"""
+<link rel="icon" href="data:,"><title>celldialog</title><p>Opening…</p>"""
 
 _NOT_FOUND = """<!doctype html><meta charset="utf-8"><title>No such conversation</title>
-<link rel="stylesheet" href="/static/app.css"><main class="notfound"><h1>No such
+<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/app.css"><main class="notfound"><h1>No such
 conversation</h1><p>It is not one of yours, or it never existed.</p>
 <p><a href="/">Open your conversations</a></p></main>"""
 
