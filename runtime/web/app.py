@@ -40,7 +40,7 @@ from ..cells import Instance, Pattern, Runtime
 from ..errors import CelldialogError
 from .errors import WebConfigError
 from .guards import OriginGuard, SecurityHeaders
-from .hub import Broadcaster, Hub
+from .hub import Broadcaster, Hub, Tab
 from .identity import (
     COOKIE,
     Authenticate,
@@ -349,23 +349,17 @@ class _Server:
                                        "streams open, the most allowed: close a tab",
                                   **{"Retry-After": "5"}))
         hub = self.hub(served)
-        tab, snapshot = hub.join(RETRY_MS)
+        return _TabStream(self, user, served, hub, hub.join(RETRY_MS), ping=self.limits.ping,
+                          send_timeout=30, headers={"Cache-Control": "no-store"})
 
-        async def body() -> AsyncIterator[bytes]:
-            yield snapshot
-            async with tab.receive:
-                async for payload in tab.receive:
-                    yield payload
-
-        def release() -> None:
-            hub.leave(tab)
-            self.connections.release(user)
-            if not hub.tabs and served.hub is hub:  # nobody watches: stop observing
-                hub.close()
-                served.hub = None
-
-        return _Released(release, body(), ping=self.limits.ping, send_timeout=30,
-                         headers={"Cache-Control": "no-store"})
+    def left(self, user: str, served: _Session, hub: Hub, tab: Tab) -> None:
+        """A tab's stream ended: its connection slot is free, and a hub nobody watches
+        stops observing the cells."""
+        hub.leave(tab)
+        self.connections.release(user)
+        if not hub.tabs and served.hub is hub:
+            hub.close()
+            served.hub = None
 
     @_answering
     async def post_event(self, request: Request) -> Response:
@@ -407,18 +401,21 @@ class _Server:
             await self.index(user).send("name", {"id": sid, "title": title})
 
 
-class _Released(EventSourceResponse):
-    """An event stream that runs ``release`` when it ends, however it ends."""
+class _TabStream(EventSourceResponse):
+    """A tab's event stream (the tab is its body); when it ends, however it ends (the
+    client left, the tab was dropped, the server stops), the tab leaves its hub."""
 
-    def __init__(self, release: Callable[[], None], *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._release = release
+    def __init__(self, server: _Server, user: str, served: _Session, hub: Hub, tab: Tab,
+                 **kwargs: Any) -> None:
+        super().__init__(tab, **kwargs)
+        self._tab = (server, user, served, hub, tab)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._release()
+            server, user, served, hub, tab = self._tab
+            server.left(user, served, hub, tab)
 
 
 def _too_many(what: str, wait: float) -> JSONResponse:
@@ -462,8 +459,9 @@ _RELOAD = """<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" con
 <link rel="icon" href="data:,"><title>celldialog</title><p>Opening…</p>"""
 
 _NOT_FOUND = """<!doctype html><meta charset="utf-8"><title>No such conversation</title>
-<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/app.css"><main class="notfound"><h1>No such
-conversation</h1><p>It is not one of yours, or it never existed.</p>
+<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/app.css">
+<main class="notfound"><h1>No such conversation</h1>
+<p>It is not one of yours, or it never existed.</p>
 <p><a href="/">Open your conversations</a></p></main>"""
 
 

@@ -9,8 +9,10 @@ a commit is one diff per instance, not per tab, and a tab's cost is a queue slot
 
 A tab (``Tab``) is a bounded queue. A tab that cannot keep up (its queue is full) is closed:
 its stream ends, the browser reconnects and starts from a snapshot, and nothing it missed
-is queued for it meanwhile. A joining tab gets ``sent`` as its snapshot and every patch after
-it, with no await between the two, so the snapshot and the patches never overlap or gap.
+is queued for it meanwhile. The first change after a quiet spell is sent at once; only
+what follows it within the window waits. A joining tab gets ``sent`` as its snapshot and
+every patch after it, with no await between the two, so the snapshot and the patches never
+overlap or gap.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .wire import VERSION, diff, frame, to_json
 
@@ -33,31 +34,52 @@ log = logging.getLogger("celldialog.web")
 
 
 class Tab:
-    """One open event stream: a bounded queue of framed patches."""
+    """One open event stream: a bounded queue of framed events, read as an async iterator
+    (``async for chunk in tab``). What is waiting when the reader comes is sent as one
+    chunk, so a busy tab costs one send per wake-up, not one per patch. A full queue closes
+    the tab at once: its stream ends and the browser reconnects to a snapshot."""
 
-    __slots__ = ("dropped", "receive", "send")
+    __slots__ = ("closed", "limit", "queued", "waiter")
 
-    def __init__(self, size: int) -> None:
-        self.send: MemoryObjectSendStream[bytes]
-        self.receive: MemoryObjectReceiveStream[bytes]
-        self.send, self.receive = anyio.create_memory_object_stream[bytes](size)
-        self.dropped = False
+    def __init__(self, limit: int, first: bytes) -> None:
+        self.limit = limit
+        self.queued: list[bytes] = [first]
+        self.waiter: anyio.Event | None = None
+        self.closed = False
 
     def offer(self, payload: bytes) -> None:
-        """Queue ``payload``; a full queue closes the tab (it reconnects to a snapshot)."""
-        if self.dropped:
+        """Queue ``payload``; past the limit the tab is closed (nothing more is sent)."""
+        if self.closed:
             return
-        try:
-            self.send.send_nowait(payload)
-        except anyio.WouldBlock:
+        if len(self.queued) >= self.limit:
             self.close()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self.dropped = True
+            return
+        self.queued.append(payload)
+        self._wake()
 
     def close(self) -> None:
-        """End the tab's stream after what is queued (the reader sees the end)."""
-        self.dropped = True
-        self.send.close()
+        self.closed = True
+        self.queued.clear()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None:
+            self.waiter.set()
+            self.waiter = None
+
+    def __aiter__(self) -> Tab:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self.queued:
+            if self.closed:
+                raise StopAsyncIteration
+            self.waiter = waiter = anyio.Event()
+            await waiter.wait()
+        queued = self.queued
+        chunk = queued[0] if len(queued) == 1 else b"".join(queued)
+        queued.clear()
+        return chunk
 
 
 class Hub:
@@ -85,12 +107,12 @@ class Hub:
             self.changed[name] = None
         return changed
 
-    def join(self, retry_ms: int) -> tuple[Tab, bytes]:
-        """A new tab and its snapshot (framed), consistent with every patch it will get."""
-        tab = Tab(self.queue)
-        self.tabs.add(tab)
+    def join(self, retry_ms: int) -> Tab:
+        """A new tab, its snapshot first: consistent with every patch it will get."""
         body = {"v": VERSION, **self.describe, "cells": self.sent}
-        return tab, frame("snapshot", to_json(body), retry_ms=retry_ms)
+        tab = Tab(self.queue, frame("snapshot", to_json(body), retry_ms=retry_ms))
+        self.tabs.add(tab)
+        return tab
 
     def leave(self, tab: Tab) -> None:
         self.tabs.discard(tab)
@@ -122,7 +144,10 @@ class Hub:
 
 
 class Broadcaster:
-    """The one task that flushes dirty hubs, ``coalesce`` seconds after the first change."""
+    """The one task that flushes dirty hubs. A change after a quiet spell goes out at once
+    (after the commit that made it has finished); changes that follow within ``coalesce``
+    seconds of a flush are gathered into the next one, so a burst costs a few patches, and
+    a lone event no wait."""
 
     def __init__(self, coalesce: float) -> None:
         self.coalesce = coalesce
@@ -137,10 +162,14 @@ class Broadcaster:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         task_status.started()
+        flushed = -float("inf")
         while True:
             await self._wake.wait()
-            if self.coalesce:
-                await anyio.sleep(self.coalesce)  # the window: commits meanwhile join it
+            wait = flushed + self.coalesce - anyio.current_time()
+            if wait > 0:
+                await anyio.sleep(wait)  # the window: commits meanwhile join this patch
+            else:
+                await anyio.lowlevel.checkpoint()  # let the marking commit's task finish
             self._wake = anyio.Event()
             hubs, self._dirty = self._dirty, {}
             for hub in hubs:
@@ -150,3 +179,4 @@ class Broadcaster:
                     log.exception("patching the tabs of %r failed: they are closed and "
                                   "reconnect to a snapshot", hub.inst)
                     hub.close()
+            flushed = anyio.current_time()

@@ -11,7 +11,7 @@
     title: $('title'), status: $('status'), banner: $('banner'), log: $('log'),
     empty: $('empty'), messages: $('messages'), live: $('live'), composer: $('composer'),
     alert: $('alert'), input: $('input'), stop: $('stop'), send: $('send'),
-    panel: $('panel'), state: $('state'),
+    panel: $('panel'), state: $('state'), emptyHint: $('empty-hint'),
   };
   const match = /^\/c\/([^/]+)\/?$/.exec(location.pathname);
   const session = match ? decodeURIComponent(match[1]) : null;
@@ -26,6 +26,7 @@
   let follow = true; // keep the newest message in view (false once the user scrolls up)
   let es = null;
   let wasPending = false;
+  let untitled = false; // the session has no title yet: the first message will give it one
 
   // -- small helpers ------------------------------------------------------------------
   function el(tag, cls, text) {
@@ -42,6 +43,19 @@
     return n && S && S.cells ? S.cells[n] : undefined;
   }
   const pending = () => Boolean(cell('pending'));
+  function words(key) { // a cell's name as a label: "stop_reason", "stopReason" -> "Stop reason"
+    const w = String(key).replace(/([a-z0-9])([A-Z])/g, '$1 $2').split(/[\s_.-]+/).filter(Boolean)
+      .map((x) => (x.length > 1 && x === x.toUpperCase() ? x : x.toLowerCase())).join(' ');
+    return w ? w[0].toUpperCase() + w.slice(1) : String(key);
+  }
+  function ago(created) { // "just now", "5 min ago", "3 h ago", else the date
+    const t = created * (created < 1e12 ? 1000 : 1);
+    const s = (Date.now() - t) / 1000;
+    if (s < 60) return 'just now';
+    if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+    if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+    return new Date(t).toLocaleDateString();
+  }
   const textOf = (blocks) => blocks.filter((b) => b && b.kind === 'text')
     .map((b) => String(b.text ?? '')).join('');
 
@@ -85,14 +99,16 @@
     let current = null;
     for (const s of data.sessions || []) {
       const li = el('li');
-      const a = el('a', 'session', s.title || 'New chat');
+      const a = el('a', 'session', s.title || 'Untitled');
+      if (!s.title && s.created) a.append(el('span', 'session-time', ` · ${ago(s.created)}`));
       a.href = `/c/${encodeURIComponent(s.id)}`;
       if (s.created) a.title = new Date(s.created * (s.created < 1e12 ? 1000 : 1)).toLocaleString();
       if (s.id === session) { a.setAttribute('aria-current', 'page'); current = s; }
       li.append(a);
       ui.sessions.append(li);
     }
-    const title = current ? current.title || 'New chat' : 'Chat';
+    untitled = Boolean(current && !current.title);
+    const title = current ? current.title || 'New conversation' : 'Chat';
     ui.title.textContent = title;
     document.title = `${title} · celldialog`;
   }
@@ -137,15 +153,16 @@
     const a = el('code', 'tool-args', cut(args));
     if (args.length > CUT) a.title = args;
     head.append(a);
-    const res = el('div', 'tool-result waiting', pending() ? 'running…' : 'no result');
+    const res = el('div', 'tool-result waiting', pending() ? 'Running…' : 'No result');
     t.append(head, res);
     if (block.id) results.set(block.id, res);
     return t;
   }
   function fillResult(target, block) {
     const content = compact(block.content ?? '');
-    target.className = `tool-result${block.is_error ? ' failed' : ''}`;
-    target.textContent = (block.is_error ? 'error: ' : '') + cut(content);
+    target.className = `tool-result${block.is_error ? ' failed' : ' ok'}`;
+    target.textContent = cut(content);
+    if (block.is_error) target.prepend(el('strong', null, 'Error: '));
     if (content.length > CUT) target.title = content;
   }
   function renderMessage(msg) {
@@ -195,6 +212,7 @@
       if (m) ui.messages.append(m);
     }
     ui.empty.hidden = list.length > 0 || pending() || !name('messages');
+    ui.emptyHint.hidden = !(S && Array.isArray(S.state) && S.state.length);
   }
 
   // -- the running reply, errors and notes under the messages -------------------------
@@ -238,7 +256,7 @@
     if (!busy && cell('stop_reason', 'stop_reason') === 'max_tokens') {
       ui.live.append(el('div', 'note', 'Reply cut short: it reached the model’s max_tokens limit.'));
     }
-    if (!busy) for (const r of ui.messages.querySelectorAll('.tool-result.waiting')) r.textContent = 'no result';
+    if (!busy) for (const r of ui.messages.querySelectorAll('.tool-result.waiting')) r.textContent = 'No result';
   }
   function renderControls() {
     const busy = pending();
@@ -405,7 +423,7 @@
       if (answer && answer.dropped) throw new Error('a reply is still running in this session');
       ui.input.value = '';
       showAlert('');
-      if (ui.title.textContent === 'New chat') loadSessions(); // the first message names it
+      if (untitled) loadSessions(); // the first message names it
       follow = true;
       renderLive();
     } catch (e) { showAlert(`Not sent: ${e.message}`); }
