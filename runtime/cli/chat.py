@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import parse_json, scope_options, store_url
-from .errors import PatternNotUsable, UsageProblem, redact
+from .common import pattern_args, scope_options, store_url
+from .errors import PatternNotUsable, redact
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -77,9 +77,7 @@ def command(pattern: str | None, model: str | None, store: str | None, space: st
             user: str, session: str, args_json: str | None) -> None:
     """Chat with PATTERN's dialog (default: the bundled chatbot). The history is kept in
     the store per user and session: run again with the same ones to resume."""
-    args = parse_json(args_json, "--args") if args_json is not None else None
-    if args is not None and not isinstance(args, dict):
-        raise UsageProblem(f"--args must be a JSON object, got {type(args).__name__}")
+    args = pattern_args(args_json)
     url = store_url(store, "")
 
     from .common import choose_model, default_store

@@ -32,6 +32,7 @@ __all__ = [
     "default_store",
     "default_user",
     "parse_json",
+    "pattern_args",
     "result_state",
     "scope_options",
     "store_url",
@@ -108,6 +109,16 @@ def parse_json(text: str, what: str) -> Any:
         raise UsageProblem(
             f"{what} is not valid JSON ({e.msg} at column {e.colno}): {text[:60]!r}; "
             "strings need quotes, as in '\"hello\"'") from None
+
+
+def pattern_args(text: str | None) -> dict[str, Any] | None:
+    """``--args``: a JSON object of the pattern's arguments (None when not given)."""
+    if text is None:
+        return None
+    args = parse_json(text, "--args")
+    if not isinstance(args, dict):
+        raise UsageProblem(f"--args must be a JSON object, got {type(args).__name__}")
+    return args
 
 
 def result_state(inst: Instance) -> Any:

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import parse_json, scope_options, store_url
-from .errors import UsageProblem
+from .common import pattern_args, scope_options, store_url
 
 if TYPE_CHECKING:
     from ..cells import Instance, Pattern, Runtime
@@ -45,9 +44,7 @@ def command(pattern: str, args_json: str | None, store: str | None, space: str,
             user: str | None, session: str | None, model: str | None) -> None:
     """Serve PATTERN's handler tools as an MCP server on stdin/stdout (for an MCP client
     to start: command `celldialog`, args `mcp PATTERN ...`)."""
-    args = parse_json(args_json, "--args") if args_json is not None else None
-    if args is not None and not isinstance(args, dict):
-        raise UsageProblem(f"--args must be a JSON object, got {type(args).__name__}")
+    args = pattern_args(args_json)
     url = store_url(store, "memory")
 
     from .loading import load_pattern

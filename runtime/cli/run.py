@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from .common import parse_json, scope_options, store_url
+from .common import parse_json, pattern_args, scope_options, store_url
 from .errors import CliError, UsageProblem
 
 __all__ = ["command"]
@@ -49,9 +49,7 @@ def command(pattern: str, args_json: str | None, sends: tuple[str, ...], store: 
             timeout: float | None) -> None:
     """Run PATTERN, send each --send event in order, wait until it settles (dialog turns
     included) and print its result (its cells' values) as JSON."""
-    args = parse_json(args_json, "--args") if args_json is not None else None
-    if args is not None and not isinstance(args, dict):
-        raise UsageProblem(f"--args must be a JSON object, got {type(args).__name__}")
+    args = pattern_args(args_json)
     events = [_split_send(s) for s in sends]
     url = store_url(store, "memory")
 

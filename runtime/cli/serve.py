@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from .common import parse_json, store_url
+from .common import pattern_args, store_url
 from .errors import CliError, UsageProblem
 
 __all__ = ["command"]
@@ -63,9 +63,7 @@ def command(pattern: str | None, model: str | None, store: str | None, host: str
     except ImportError as e:
         raise CliError(f"serve needs the web extra ({e.name} is missing): "
                        "pip install 'celldialog[web]'") from None
-    args = parse_json(args_json, "--args") if args_json is not None else None
-    if args is not None and not isinstance(args, dict):
-        raise UsageProblem(f"--args must be a JSON object, got {type(args).__name__}")
+    args = pattern_args(args_json)
     url = store_url(store, "")
 
     from .common import choose_model, default_store
