@@ -274,16 +274,18 @@
     wasPending = busy;
   }
 
-  // -- the state panel -----------------------------------------------------------------
+  // -- the state panel: each cell under its name in words; a short value beside it --------
+  const short = (v) => v === null || v === undefined || typeof v === 'number' ||
+    typeof v === 'boolean' || (typeof v === 'string' && v.length <= 40 && !v.includes('\n'));
   function renderValue(v) {
     if (Array.isArray(v)) {
-      if (!v.length) return el('span', 'muted', 'empty');
+      if (!v.length) return el('span', 'muted', 'Nothing yet');
       const checklist = v.every((x) => x && typeof x === 'object' && typeof x.title === 'string');
       const ul = el('ul', checklist ? 'checklist' : 'list');
       for (const x of v) {
         const li = el('li');
-        if (checklist) {
-          const label = el('label', x.done === true ? 'done' : '');
+        if (checklist) { // read-only: the page has no generic way to edit a list
+          const label = el('label', x.done === true ? 'done' : 'open');
           const box = el('input');
           box.type = 'checkbox';
           box.checked = x.done === true;
@@ -300,12 +302,13 @@
       for (const [k, x] of Object.entries(v)) {
         const dd = el('dd');
         dd.append(renderValue(x));
-        dl.append(el('dt', null, k), dd);
+        dl.append(el('dt', null, words(k)), dd);
       }
       return dl;
     }
-    if (v === null || v === undefined || v === '') return el('span', 'muted', v === '' ? 'empty' : '—');
-    return el('span', 'value', String(v));
+    if (v === null || v === undefined || v === '') return el('span', 'muted', v === '' ? 'Nothing yet' : '—');
+    if (typeof v === 'boolean') return el('span', 'value', v ? 'Yes' : 'No');
+    return el('span', 'value', typeof v === 'number' ? v.toLocaleString() : v);
   }
   function renderState(key) {
     const names = (S && Array.isArray(S.state) ? S.state : []);
@@ -316,14 +319,16 @@
       for (const n of names) {
         const sec = el('section', 'state-item');
         sec.dataset.name = n;
-        sec.append(el('h3', null, n), el('div', 'state-body'));
+        sec.append(el('h3', null, words(n)), el('div', 'state-body'));
         ui.state.append(sec);
         renderState(n);
       }
       return;
     }
     const sec = [...ui.state.children].find((s) => s.dataset.name === key);
-    if (sec) sec.lastChild.replaceChildren(renderValue(S.cells[key]));
+    if (!sec) return;
+    sec.classList.toggle('stat', short(S.cells[key])); // "Open 1" on one line
+    sec.lastChild.replaceChildren(renderValue(S.cells[key]));
   }
 
   // -- the wire format: snapshot and patches ---------------------------------------
