@@ -19,8 +19,6 @@ from .errors import CliError, UsageProblem
 
 __all__ = ["command"]
 
-LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1"]
-
 
 @click.command(name="serve")
 @click.argument("pattern", required=False)
@@ -73,7 +71,7 @@ def command(pattern: str | None, model: str | None, store: str | None, host: str
     choice = choose_model(model)
     limits = Limits(**{k: v for k, v in (("max_connections", max_connections),
                                           ("coalesce", coalesce)) if v is not None})
-    hosts = list(allowed_hosts) or (LOOPBACK_HOSTS if host in LOOPBACK_HOSTS else None)
+    hosts = list(allowed_hosts) or (None if _loopback(host) else ["*"])
     where = url or default_store()
     app = create_app(target, store=where, model=choice.model, args=args, space=space,
                      authenticate=_load_auth(auth) if auth else None, limits=limits,
@@ -92,6 +90,9 @@ def command(pattern: str | None, model: str | None, store: str | None, host: str
             click.echo(f"celldialog serve · {target.key}")
             click.echo(f"model: {choice.label} ({choice.why})")
             click.echo(f"store: {where.removeprefix('sqlite:///')}")
+            if hosts == ["*"]:
+                click.echo("answering to any Host name: name yours with --allowed-host "
+                           "(a page elsewhere can reach a server by pointing a name at it)")
             click.echo(f"serving on http://{shown}:{bound}/ (Ctrl-C stops)", nl=True)
             config = uvicorn.Config(app, log_level="warning", access_log=False,
                                     lifespan="on", timeout_graceful_shutdown=3)
@@ -101,6 +102,18 @@ def command(pattern: str | None, model: str | None, store: str | None, host: str
             sock.close()
 
     anyio.run(main)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or ``localhost`` (only loopback clients)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -1,6 +1,6 @@
 """The server: a Starlette app that serves one pattern, one instance per user and session.
 
-A request passes the checks in order, each in one place: the ``Host`` (``TrustedHostMiddleware``,
+A request passes the checks in order, each in one place: the ``Host`` (``guards.HostGuard``,
 against DNS rebinding), then for anything but a read its ``Origin`` (``guards.OriginGuard``:
 a POST from another site or without an ``Origin`` is refused), then who is asking
 (``identity``: the signed cookie, or the application's ``authenticate`` hook), then whether
@@ -28,9 +28,9 @@ from typing import Any
 
 import anyio
 from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -39,16 +39,17 @@ from starlette.staticfiles import StaticFiles
 from ..cells import Instance, Pattern, Runtime
 from ..errors import CelldialogError
 from .errors import WebConfigError
-from .guards import OriginGuard, SecurityHeaders
+from .guards import LOOPBACK_HOSTS, HostGuard, OriginGuard, SecurityHeaders
 from .hub import Broadcaster, Hub, Tab
 from .identity import (
-    COOKIE,
     Authenticate,
     CookieSigner,
     check_user_id,
+    cookie_name,
     is_minted_id,
     load_secret,
     new_id,
+    read_cookie,
 )
 from .limits import ConnectionCounter, Limits, RateLimiter
 from .sessions import sessions_index, title_of
@@ -60,6 +61,7 @@ log = logging.getLogger("celldialog.web")
 
 STATIC = Path(__file__).parent / "static"
 RETRY_MS = 1000  # how long a browser waits before it reconnects a dropped stream
+SEND_TIMEOUT = 10  # seconds a tab may read nothing while bytes wait for it before it is closed
 COOKIE_AGE = 400 * 24 * 3600  # the longest browsers keep a cookie
 REFUSED_EVENTS = (CelldialogError, ValueError, TypeError, LookupError)
 """What ``inst.send`` raises for an event that was wrong (its schema, its links, a handler's
@@ -80,8 +82,9 @@ def create_app(pattern: Pattern | None = None, *, runtime: Runtime | None = None
     cookie (default: ``CELLDIALOG_WEB_SECRET``, else a secret kept in the user data
     directory). ``authenticate(request)`` returns the user's id (or None: 401) from the
     application's own login; with it no cookie is minted. ``allowed_hosts``: the ``Host``
-    names served (default: any); ``allowed_origins``: origins besides the page's own that may
-    POST (a page served under another name by a proxy).
+    names served (default: the loopback names; ``["*"]`` for any); ``allowed_origins``:
+    origins besides the page's own that may POST (a page served under another name by a
+    proxy).
     """
     if pattern is None:
         from patterns.chatbot import chatbot
@@ -121,7 +124,7 @@ def create_app(pattern: Pattern | None = None, *, runtime: Runtime | None = None
     ]
     middleware = [
         Middleware(SecurityHeaders),
-        Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or ["*"]),
+        Middleware(HostGuard, allowed=allowed_hosts or LOOPBACK_HOSTS),
         Middleware(OriginGuard, allowed=allowed_origins or []),
     ]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
@@ -180,13 +183,18 @@ class _Server:
     served: OrderedDict[tuple[str, str], _Session] = field(default_factory=OrderedDict)
     events_rate: RateLimiter = field(init=False)
     sessions_rate: RateLimiter = field(init=False)
+    connects_rate: RateLimiter = field(init=False)
+    minting_rate: RateLimiter = field(init=False)
     connections: ConnectionCounter = field(init=False)
+    indexes: OrderedDict[str, Instance] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         lim = self.limits
         self.broadcaster = Broadcaster(lim.coalesce)
         self.events_rate = RateLimiter(lim.events_per_second, lim.burst)
         self.sessions_rate = RateLimiter(1.0, 10)  # "New chat": a person's pace
+        self.connects_rate = RateLimiter(lim.connects_per_second, 20)
+        self.minting_rate = RateLimiter(lim.new_users_per_second, 20)
         self.connections = ConnectionCounter(lim.max_connections)
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
@@ -207,7 +215,8 @@ class _Server:
                 user = await user
             return None if user is None else check_user_id(user)
         assert self.signer is not None
-        return self.signer.unsign(request.cookies.get(COOKIE))
+        name = cookie_name(request.url.scheme)
+        return self.signer.unsign(read_cookie(request.headers.get("cookie", ""), name))
 
     async def require_user(self, request: Request) -> str:
         user = await self.user_of(request)
@@ -225,7 +234,18 @@ class _Server:
         return self.rt
 
     def index(self, user: str) -> Instance:
-        return self.runtime().run(sessions_index, space=self.space, user=user)
+        """The user's session list, running; the least recently used past
+        ``max_instances`` are stopped (their documents stay)."""
+        inst = self.indexes.get(user)
+        if inst is not None:
+            self.indexes.move_to_end(user)
+            return inst
+        inst = self.indexes[user] = self.runtime().run(sessions_index, space=self.space,
+                                                        user=user)
+        if len(self.indexes) > self.limits.max_instances:
+            _, oldest = self.indexes.popitem(last=False)
+            self.runtime().stop(oldest)
+        return inst
 
     def sessions(self, user: str) -> list[dict[str, Any]]:
         value: list[dict[str, Any]] = self.index(user).result.key("sessions").get()
@@ -278,7 +298,7 @@ class _Server:
     def hub(self, served: _Session) -> Hub:
         if served.hub is None or served.hub.closed:
             served.hub = Hub(served.inst, served.cells, served.describe, self.limits.queue,
-                             self.broadcaster.mark)
+                             self.limits.queue_bytes, self.broadcaster.mark)
         return served.hub
 
     # -- the page -------------------------------------------------------------------------
@@ -292,6 +312,10 @@ class _Server:
             return user, None
         if request.headers.get("sec-fetch-site") == "cross-site":
             return None, None
+        address = request.client.host if request.client is not None else ""
+        wait = self.minting_rate.take(address)
+        if wait:
+            raise _Refused(_too_many("new visitors from this address", wait))
         user = new_id()
         return user, user
 
@@ -299,9 +323,10 @@ class _Server:
                     ) -> Response:
         if minted is not None:
             assert self.signer is not None
-            response.set_cookie(COOKIE, self.signer.sign(minted), max_age=COOKIE_AGE,
-                                path="/", httponly=True, samesite="strict",
-                                secure=request.url.scheme == "https")
+            https = request.url.scheme == "https"
+            response.set_cookie(cookie_name(request.url.scheme), self.signer.sign(minted),
+                                max_age=COOKIE_AGE, path="/", httponly=True,
+                                samesite="strict", secure=https)
         return response
 
     @_answering
@@ -310,6 +335,8 @@ class _Server:
         user, minted = await self.identify_page(request)
         if user is None:
             return _reload_page() if self.authenticate is None else _error(401, "not signed in")
+        if minted is not None:  # a first visit: no state until the browser shows it keeps
+            return self.with_cookie(RedirectResponse("/", 303), request, minted)  # the cookie
         listed = self.sessions(user)
         sid = listed[0]["id"] if listed else await self.make_session(user)
         return self.with_cookie(RedirectResponse(f"/c/{sid}", 303), request, minted)
@@ -320,7 +347,7 @@ class _Server:
         user, minted = await self.identify_page(request)
         if user is None:
             return _reload_page() if self.authenticate is None else _error(401, "not signed in")
-        if not self.owned(user, request.path_params["session"]):
+        if minted is not None or not self.owned(user, request.path_params["session"]):
             return self.with_cookie(_not_found_page(), request, minted)
         return self.with_cookie(FileResponse(STATIC / "index.html"), request, minted)
 
@@ -344,13 +371,21 @@ class _Server:
         """The session's event stream: a snapshot, then patches."""
         user = await self.require_user(request)
         served = self.session(user, request.path_params["session"])
+        wait = self.connects_rate.take(user)
+        if wait:
+            raise _Refused(_too_many("new event streams", wait))
         if not self.connections.acquire(user):
             raise _Refused(_error(429, f"this user has {self.limits.max_connections} event "
                                        "streams open, the most allowed: close a tab",
                                   **{"Retry-After": "5"}))
-        hub = self.hub(served)
-        return _TabStream(self, user, served, hub, hub.join(RETRY_MS), ping=self.limits.ping,
-                          send_timeout=30, headers={"Cache-Control": "no-store"})
+        try:
+            hub = self.hub(served)
+            tab = hub.join(RETRY_MS)
+        except BaseException:
+            self.connections.release(user)
+            raise
+        return _TabStream(self, user, served, hub, tab, ping=self.limits.ping,
+                          send_timeout=SEND_TIMEOUT, headers={"Cache-Control": "no-store"})
 
     def left(self, user: str, served: _Session, hub: Hub, tab: Tab) -> None:
         """A tab's stream ended: its connection slot is free, and a hub nobody watches
@@ -366,17 +401,19 @@ class _Server:
         """An event for one of the instance's streams, checked by the stream's schema."""
         user = await self.require_user(request)
         sid = request.path_params["session"]
-        served = self.session(user, sid)
         name = request.path_params["name"]
+        wait = self.events_rate.take((user, sid))
+        if wait:
+            raise _Refused(_too_many("events in this session", wait))
+        # the body first: no instance is held (nor evicted) while a client trickles it in
+        event = _parse_event(await _read_body(request, self.limits.max_body,
+                                              self.limits.body_seconds))
+        served = self.session(user, sid)
         inst = served.inst
         if name not in inst.streams:
             known = ", ".join(sorted(inst.streams)) or "none"
             raise _Refused(_error(404, f"this pattern has no stream {name!r}; its streams: "
                                        f"{known}"))
-        wait = self.events_rate.take((user, sid))
-        if wait:
-            raise _Refused(_too_many("events in this session", wait))
-        event = _parse_event(await _read_body(request, self.limits.max_body))
         dropped_cell = served.chat_cell("dropped")
         before = dropped_cell.get() if dropped_cell is not None else None
         try:
@@ -413,6 +450,9 @@ class _TabStream(EventSourceResponse):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except SendTimeoutError:  # a client that stopped reading: one line, not a traceback
+            log.info("an event stream was closed: its client read nothing for %d s",
+                     SEND_TIMEOUT)
         finally:
             server, user, served, hub, tab = self._tab
             server.left(user, served, hub, tab)
@@ -424,18 +464,22 @@ def _too_many(what: str, wait: float) -> JSONResponse:
                   **{"Retry-After": str(seconds)})
 
 
-async def _read_body(request: Request, cap: int) -> bytes:
-    """The body, refused (413) as soon as it passes ``cap`` bytes: never read whole."""
+async def _read_body(request: Request, cap: int, seconds: float) -> bytes:
+    """The body, refused (413) as soon as it passes ``cap`` bytes (never read whole), or
+    (408) if it has not arrived within ``seconds``."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cap:
         raise _Refused(_error(413, f"the event is {declared} bytes; the most is {cap}"))
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise _Refused(_error(413, f"the event is over {cap} bytes, the most allowed"))
-        chunks.append(chunk)
+    with anyio.move_on_after(seconds) as deadline:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise _Refused(_error(413, f"the event is over {cap} bytes, the most allowed"))
+            chunks.append(chunk)
+    if deadline.cancelled_caught:
+        raise _Refused(_error(408, f"the event did not arrive within {seconds:g} s"))
     return b"".join(chunks)
 
 

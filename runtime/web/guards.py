@@ -1,5 +1,10 @@
 """The checks in front of the app, each one layer of the middleware stack.
 
+``HostGuard``: the ``Host`` a request names must be one the server answers to (by default
+the loopback names), so a page on another site whose name an attacker points at 127.0.0.1
+(DNS rebinding) is refused (400) before anything runs. IPv6 literals (``[::1]:8000``) are
+parsed as such.
+
 ``OriginGuard``: a request that can change something (anything but GET, HEAD, OPTIONS) must
 carry an ``Origin`` that is the page's own (the scheme and ``Host`` it was asked under) or
 one the application allowed. Browsers send ``Origin`` on every such request, so another
@@ -18,7 +23,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["CSP", "OriginGuard", "SecurityHeaders"]
+__all__ = ["CSP", "LOOPBACK_HOSTS", "HostGuard", "OriginGuard", "SecurityHeaders", "host_name"]
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+"""The names a server bound to loopback answers to by default."""
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; "
@@ -55,6 +63,44 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
+def host_name(host: str) -> str:
+    """The name in a ``Host`` header, its port and an IPv6 literal's brackets removed,
+    lower-cased: ``[::1]:8000`` -> ``::1``, ``Example.com:80`` -> ``example.com``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    if host.count(":") > 1:  # a bare IPv6 address (as in a list of names), no port
+        return host
+    return host.partition(":")[0]
+
+
+async def _refuse(send: Any, status: int, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class HostGuard:
+    def __init__(self, app: Any, allowed: list[str] | tuple[str, ...]) -> None:
+        self.app = app
+        self.any = "*" in allowed
+        self.allowed = frozenset(host_name(h) for h in allowed)
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if self.any or scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        hosts = [v for k, v in scope["headers"] if k == b"host"]
+        name = host_name(hosts[0].decode("latin-1")) if len(hosts) == 1 else ""
+        if name in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        await _refuse(send, 400, "this server does not answer to that Host name: add it "
+                                 "with --allowed-host (allowed_hosts=)")
+
+
 class OriginGuard:
     def __init__(self, app: Any, allowed: list[str]) -> None:
         self.app = app
@@ -64,18 +110,16 @@ class OriginGuard:
         if scope["type"] != "http" or scope["method"] in _SAFE:
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        origin = headers.get(b"origin", b"").decode("latin-1").strip().lower()
-        host = headers.get(b"host", b"").decode("latin-1").strip().lower()
+        origins = [v for k, v in scope["headers"] if k == b"origin"]
+        hosts = [v for k, v in scope["headers"] if k == b"host"]
+        origin = origins[0].decode("latin-1").strip().lower() if len(origins) == 1 else ""
+        host = hosts[0].decode("latin-1").strip().lower() if hosts else ""
         own = f"{scope.get('scheme', 'http')}://{host}"
         if origin and (origin == own or origin in self.allowed):
             await self.app(scope, receive, send)
             return
         why = ("without an Origin header (browsers send one; another client must too)"
-               if not origin else "from another origin")
-        body = json.dumps({"error": f"refused: a {scope['method']} {why}; this server takes "
-                                    f"them from {own} only"}).encode()
-        await send({"type": "http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+               if not origins else "with several Origin headers" if len(origins) > 1
+               else "from another origin")
+        await _refuse(send, 403, f"refused: a {scope['method']} {why}; this server takes "
+                                 f"them from {own} only")

@@ -39,27 +39,31 @@ class Tab:
     chunk, so a busy tab costs one send per wake-up, not one per patch. A full queue closes
     the tab at once: its stream ends and the browser reconnects to a snapshot."""
 
-    __slots__ = ("closed", "limit", "queued", "waiter")
+    __slots__ = ("closed", "limit", "limit_bytes", "queued", "size", "waiter")
 
-    def __init__(self, limit: int, first: bytes) -> None:
+    def __init__(self, limit: int, limit_bytes: int, first: bytes) -> None:
         self.limit = limit
+        self.limit_bytes = limit_bytes
         self.queued: list[bytes] = [first]
+        self.size = 0  # bytes of the patches queued (the snapshot is not counted)
         self.waiter: anyio.Event | None = None
         self.closed = False
 
     def offer(self, payload: bytes) -> None:
-        """Queue ``payload``; past the limit the tab is closed (nothing more is sent)."""
+        """Queue ``payload``; past either limit the tab is closed (nothing more is sent)."""
         if self.closed:
             return
-        if len(self.queued) >= self.limit:
+        if len(self.queued) >= self.limit or self.size + len(payload) > self.limit_bytes:
             self.close()
             return
         self.queued.append(payload)
+        self.size += len(payload)
         self._wake()
 
     def close(self) -> None:
         self.closed = True
         self.queued.clear()
+        self.size = 0
         self._wake()
 
     def _wake(self) -> None:
@@ -79,6 +83,7 @@ class Tab:
         queued = self.queued
         chunk = queued[0] if len(queued) == 1 else b"".join(queued)
         queued.clear()
+        self.size = 0
         return chunk
 
 
@@ -86,10 +91,12 @@ class Hub:
     """An instance's result cells, as last committed and as last sent to its tabs."""
 
     def __init__(self, inst: Instance, cells: dict[str, Cell], describe: dict[str, Any],
-                 queue: int, dirty: Callable[[Hub], None]) -> None:
+                 queue: int, queue_bytes: int, dirty: Callable[[Hub], None]) -> None:
         self.inst = inst
         self.describe = describe  # the snapshot's fixed part: streams, chat, state
         self.queue = queue
+        self.queue_bytes = queue_bytes
+        self._snapshot: bytes | None = None  # framed, until the next patch
         self.tabs: set[Tab] = set()
         self._dirty = dirty
         self.latest: dict[str, Any] = {}
@@ -108,9 +115,13 @@ class Hub:
         return changed
 
     def join(self, retry_ms: int) -> Tab:
-        """A new tab, its snapshot first: consistent with every patch it will get."""
-        body = {"v": VERSION, **self.describe, "cells": self.sent}
-        tab = Tab(self.queue, frame("snapshot", to_json(body), retry_ms=retry_ms))
+        """A new tab, its snapshot first: consistent with every patch it will get. The
+        framed snapshot is kept until the next patch, so tabs (re)connecting together cost
+        one encoding."""
+        if self._snapshot is None:
+            body = {"v": VERSION, **self.describe, "cells": self.sent}
+            self._snapshot = frame("snapshot", to_json(body), retry_ms=retry_ms)
+        tab = Tab(self.queue, self.queue_bytes, self._snapshot)
         self.tabs.add(tab)
         return tab
 
@@ -128,6 +139,8 @@ class Hub:
             ops.extend(diff(self.sent[name], new, (name,)))
             self.sent[name] = new
         self.changed.clear()
+        if ops:
+            self._snapshot = None
         if ops and self.tabs:
             payload = frame("patch", to_json(ops))
             for tab in list(self.tabs):

@@ -5,8 +5,10 @@ in a signed cookie (HMAC-SHA256 over the id with a secret only the server knows)
 whose cookie is missing, altered or signed with another secret has no user; only the page's
 own GET mints one, so an API call without the cookie is refused, never given a fresh user.
 
-The cookie is ``HttpOnly`` (no script reads it), ``SameSite=Strict`` (no other site's page
-can make the browser send it) and ``Secure`` when the page is served over HTTPS.
+The cookie is ``HttpOnly`` (no script reads it) and ``SameSite=Strict`` (no other site's page
+can make the browser send it). Over HTTPS it is ``__Host-celldialog_user``: ``Secure``, and
+a name browsers accept only without a ``Domain``, so a sibling subdomain cannot plant its
+own. A request carrying the cookie twice (one planted beside the real one) has no user.
 
 An application with its own login plugs it in with ``authenticate``: a function of the
 request that returns the user's id, or None to refuse (401). Then no cookie is minted.
@@ -24,6 +26,7 @@ import hmac
 import os
 import re
 import secrets
+import unicodedata
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,8 +42,10 @@ __all__ = [
     "Authenticate",
     "CookieSigner",
     "check_user_id",
+    "cookie_name",
     "load_secret",
     "new_id",
+    "read_cookie",
 ]
 
 COOKIE = "celldialog_user"
@@ -55,6 +60,19 @@ Authenticate = Callable[["Request"], "Awaitable[str | None] | str | None"]
 _ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
+def cookie_name(scheme: str) -> str:
+    """The cookie's name: ``__Host-`` prefixed over HTTPS."""
+    return f"__Host-{COOKIE}" if scheme == "https" else COOKIE
+
+
+def read_cookie(header: str, name: str) -> str | None:
+    """The value of cookie ``name`` in a ``Cookie`` header; None if absent or present more
+    than once (which one the browser meant cannot be known)."""
+    values = [v for k, _, v in (part.strip().partition("=") for part in header.split(";"))
+              if k == name]
+    return values[0] if len(values) == 1 else None
+
+
 def new_id() -> str:
     """A fresh id for a user or a session: 128 random bits, URL-safe."""
     return secrets.token_urlsafe(16)
@@ -66,16 +84,18 @@ def is_minted_id(text: str) -> bool:
 
 
 def check_user_id(user: object) -> str:
-    """A user id from the auth hook, checked: a non-empty string of at most 256 characters
-    with no control characters and nothing that is not Unicode text."""
+    """A user id from the auth hook, checked: a non-empty string of at most 256 characters,
+    none of them a control, format (bidi overrides), separator-line or unassigned
+    character, nor half a surrogate pair."""
     if not isinstance(user, str) or not user or len(user) > MAX_USER_ID:
         raise WebConfigError(
             f"the authenticate hook must return a user id (a non-empty string of at most "
             f"{MAX_USER_ID} characters) or None, got {type(user).__name__}"
             + (f" of {len(user)} characters" if isinstance(user, str) else ""))
-    if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in user):
-        raise WebConfigError("the authenticate hook returned a user id with control "
-                             "characters or a lone surrogate: return a printable id")
+    if any(unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp")
+           for c in user):
+        raise WebConfigError("the authenticate hook returned a user id with control, format "
+                             "or unassigned characters: return a printable id")
     return user
 
 

@@ -30,7 +30,13 @@ class Limits:
     - ``max_sessions``: sessions one user may make (429 on "New chat" past it).
     - ``max_instances``: sessions kept running in memory; past it, the least recently used
       one that no tab watches and no reply runs in is stopped (its documents stay stored).
-    - ``queue``: patches waiting for one slow tab before it is dropped.
+    - ``queue`` and ``queue_bytes``: patches (and their bytes) waiting for one slow tab
+      before it is dropped; the bytes bound what a tab that stopped reading can cost.
+    - ``connects_per_second``: a user's new event streams (a reconnect storm costs a
+      snapshot each), bucket of 20 (429).
+    - ``new_users_per_second``: users minted for one client address, bucket of 20 (429):
+      identities are free, so their rate is what bounds what anonymous clients make.
+    - ``body_seconds``: the time a POSTed body may take to arrive (408 past it).
     - ``coalesce``: seconds over which commits are gathered into one patch (0: none).
     - ``ping``: seconds between keep-alive comments on an idle stream.
     """
@@ -42,17 +48,23 @@ class Limits:
     max_sessions: int = 1000
     max_instances: int = 2000
     queue: int = 256
+    queue_bytes: int = 1024 * 1024
+    connects_per_second: float = 2.0
+    new_users_per_second: float = 2.0
+    body_seconds: float = 10.0
     coalesce: float = 0.03
     ping: float = 15.0
 
     def __post_init__(self) -> None:
         for name in ("max_body", "burst", "max_connections", "max_sessions", "max_instances",
-                     "queue"):
+                     "queue", "queue_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise WebConfigError(f"Limits.{name} must be a positive integer, got {value!r}")
         for name, low, high in (("events_per_second", 0.0, 1e6), ("ping", 0.0, 3600.0),
-                                ("coalesce", None, 10.0)):
+                                ("coalesce", None, 10.0), ("connects_per_second", 0.0, 1e6),
+                                ("new_users_per_second", 0.0, 1e6),
+                                ("body_seconds", 0.0, 3600.0)):
             value = getattr(self, name)
             ok = (isinstance(value, int | float) and not isinstance(value, bool)
                   and math.isfinite(value) and value <= high

@@ -56,6 +56,7 @@ def test_a_pattern_without_a_dialog_is_served_as_its_state(model_env: dict[str, 
     with serve(["todo", "--store", "memory", "--args", '{"title": "Groceries"}'], model_env,
                workdir) as (url, _):
         with httpx.Client(base_url=url) as c:
+            c.get("/")  # the first visit gets the cookie
             sid = c.get("/").headers["location"].removeprefix("/c/")
             with c.stream("GET", f"/api/sessions/{sid}/events") as r:
                 data = next(line for line in r.iter_lines() if line.startswith("data: "))

@@ -52,9 +52,14 @@ class Browser:
         await self.http.aclose()
 
     async def open(self) -> str:
-        r = await self.http.get("/")
-        assert r.status_code == 303, r.text
-        return r.headers["location"].removeprefix("/c/")
+        """``/`` as a browser follows it: a first visit gets the cookie and comes back, then
+        lands on the newest session."""
+        for _ in range(2):
+            r = await self.http.get("/")
+            assert r.status_code == 303, r.text
+            if r.headers["location"].startswith("/c/"):
+                return r.headers["location"].removeprefix("/c/")
+        raise AssertionError("GET / never reached a session")
 
     async def post(self, path: str, body: Any, **headers: str) -> httpx.Response:
         headers = {"origin": self.base, "content-type": "application/json", **headers}

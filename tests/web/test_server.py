@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -49,8 +50,10 @@ async def test_the_page_mints_a_signed_strict_cookie_and_the_api_never_does() ->
     async with serving(app_for(ScriptedModel([]))) as base, Browser(base) as b:
         r = await b.http.get("/")
         cookie = r.headers["set-cookie"]
-        assert r.status_code == 303 and r.headers["location"].startswith("/c/")
+        assert r.status_code == 303 and r.headers["location"] == "/"  # no state made yet
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+        r = await b.http.get("/")  # with the cookie: a session, no new cookie
+        assert r.headers["location"].startswith("/c/") and "set-cookie" not in r.headers
         user = b.http.cookies[COOKIE].rpartition(".")[0]
         assert CookieSigner(SECRET.encode()).unsign(b.http.cookies[COOKIE]) == user
         async with httpx.AsyncClient(base_url=base) as stranger:
@@ -84,7 +87,7 @@ async def test_an_authenticate_hook_names_the_user_and_no_cookie_is_minted() -> 
     app = app_for(ScriptedModel([]), authenticate=lambda request: request.headers.get("x-user"))
     async with serving(app) as base, Browser(base) as b:
         assert (await b.http.get("/")).status_code == 401
-        r = await b.http.get("/", headers={"x-user": "ada@example.com"})
+        r = await b.http.get("/", headers={"x-user": "ada@example.com"})  # no cookie step
         assert r.status_code == 303 and "set-cookie" not in r.headers
         sid = r.headers["location"].removeprefix("/c/")
         ada = {"x-user": "ada@example.com"}
@@ -330,7 +333,7 @@ async def test_a_tab_too_slow_for_its_queue_is_closed_and_others_go_on() -> None
         inst = rt.run(chatbot, user="ada", session="s")
         cells, describe = surface(inst)
         dirty: list[Hub] = []
-        hub = Hub(inst, cells, describe, 2, dirty.append)
+        hub = Hub(inst, cells, describe, 2, 1 << 20, dirty.append)
         slow, fast = hub.join(1000), hub.join(1000)
         snapshot = await fast.__anext__()
         assert snapshot.startswith(b"retry: 1000\nevent: snapshot")
@@ -375,3 +378,124 @@ async def test_idle_instances_past_the_limit_are_stopped_and_come_back_whole() -
                                   == ["First answer.", "Second answer."])
             assert tab.doc["messages"] == []  # a watched instance was never stopped
             assert {key[1] for key in server.served} == {first, second}
+
+
+# -- what anonymous and hostile clients can make the server hold -------------------------------
+
+
+async def test_anonymous_visits_make_no_state_and_are_rate_limited() -> None:
+    app = app_for(ScriptedModel([]), limits=Limits(new_users_per_second=0.01))
+    async with serving(app) as base:
+        server = app.state.celldialog
+        codes = []
+        async with httpx.AsyncClient(base_url=base) as c:  # never keeps a cookie
+            for path in ["/"] * 15 + ["/c/AAAAAAAAAAAAAAAAAAAAAA"] * 10:
+                c.cookies.clear()
+                codes.append((await c.get(path)).status_code)
+        assert codes[:15] == [303] * 15 and codes[15:20] == [404] * 5
+        assert codes[20:] == [429] * 5  # 20 minted from this address, then its bucket is dry
+        assert len(server.indexes) == 0 and len(server.served) == 0  # nothing was run
+
+
+async def test_a_tab_that_stops_reading_costs_at_most_its_byte_budget() -> None:
+    from patterns.chatbot import chatbot
+
+    async with Runtime(model=ScriptedModel([])) as rt:
+        inst = rt.run(chatbot, user="ada", session="s")
+        cells, describe = surface(inst)
+        hub = Hub(inst, cells, describe, 256, 10_000, lambda hub: None)
+        tab = hub.join(1000)
+        assert hub.join(1000).queued[0] is tab.queued[0]  # one snapshot encoding for both
+        for i in range(5):
+            await inst.send("set_notes", str(i) * 3000)
+            hub.flush()
+        assert tab.closed and tab.queued == [] and tab.size == 0  # dropped past 10 KB
+
+
+def test_host_names_are_parsed_as_browsers_send_them() -> None:
+    from runtime.web.guards import host_name
+
+    assert host_name("[::1]:8000") == "::1" and host_name("[::1]") == "::1"
+    assert host_name("LocalHost:80") == "localhost" and host_name("127.0.0.1") == "127.0.0.1"
+    assert host_name("::1") == "::1"
+
+
+async def test_other_host_names_are_refused_by_default_and_ipv6_loopback_is_not() -> None:
+    async with serving(app_for(ScriptedModel([]))) as base, Browser(base) as b:
+        port = base.rsplit(":", 1)[1]
+        for host, status in ((f"rebind.attacker.example:{port}", 400), (f"[::1]:{port}", 303),
+                             (f"localhost:{port}", 303)):
+            r = await b.http.get("/", headers={"host": host})
+            assert r.status_code == status, host
+    app = app_for(ScriptedModel([]), allowed_hosts=["*"])
+    async with serving(app) as base, Browser(base) as b:
+        r = await b.http.get("/", headers={"host": "anything.example"})
+        assert r.status_code == 303
+
+
+async def test_duplicated_origins_and_cookies_are_no_ones() -> None:
+    async with serving(app_for(ScriptedModel([]))) as base, Browser(base) as b:
+        sid = await b.open()
+        good = b.http.cookies[COOKIE]
+        r = await b.http.post(f"/api/sessions/{sid}/streams/set_notes", content=b'"x"',
+                              headers=[("origin", "http://evil.example"), ("origin", base)])
+        assert r.status_code == 403 and "several Origin" in r.json()["error"]
+        planted = CookieSigner(SECRET.encode()).sign("p" * 22)  # a valid cookie of another
+        async with httpx.AsyncClient(base_url=base) as c:
+            r = await c.get("/api/sessions",
+                            headers={"cookie": f"{COOKIE}={planted}; {COOKIE}={good}"})
+            assert r.status_code == 401
+
+
+async def test_a_trickled_body_has_a_deadline() -> None:
+    limits = Limits(body_seconds=0.5)
+    async with serving(app_for(ScriptedModel([]), limits=limits)) as base, Browser(base) as b:
+        sid = await b.open()
+
+        port = int(base.rsplit(":", 1)[1])
+        cookie = f"{COOKIE}={b.http.cookies[COOKIE]}"
+        stream = await anyio.connect_tcp("127.0.0.1", port)
+        async with stream:  # one byte of two, then nothing: a client holding a worker
+            await stream.send(
+                f"POST /api/sessions/{sid}/streams/set_notes HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Origin: {base}\r\nCookie: {cookie}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: 2\r\n\r\n\"".encode())
+            with anyio.fail_after(10):
+                answer = await stream.receive()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and b"0.5 s" in body
+
+
+async def test_over_https_the_cookie_is_host_prefixed_and_secure() -> None:
+    async with serving(app_for(ScriptedModel([]))) as base, Browser(base) as b:
+        https = {"x-forwarded-proto": "https"}  # from loopback: uvicorn trusts it
+        r = await b.http.get("/", headers=https)
+        cookie = r.headers["set-cookie"]
+        assert cookie.startswith("__Host-celldialog_user=") and "Secure" in cookie
+        value = cookie.split(";")[0]  # what a browser sends back over HTTPS
+        async with httpx.AsyncClient(base_url=base) as c:
+            r = await c.get("/", headers={**https, "cookie": value})
+            assert r.headers["location"].startswith("/c/")
+            plain = value.replace("__Host-", "")  # the other scheme's name is not read
+            r = await c.get("/api/sessions", headers={**https, "cookie": plain})
+            assert r.status_code == 401
+
+
+async def test_reconnect_storms_are_rate_limited() -> None:
+    limits = Limits(connects_per_second=0.01)
+    async with serving(app_for(ScriptedModel([]), limits=limits)) as base, Browser(base) as b:
+        sid = await b.open()
+        for _ in range(20):
+            async with b.tab(sid):
+                pass
+        r = await b.http.get(f"/api/sessions/{sid}/events")
+        assert r.status_code == 429 and "new event streams" in r.json()["error"]
+
+
+def test_user_ids_from_the_hook_are_printable_text() -> None:
+    from runtime.web.identity import check_user_id
+
+    assert check_user_id("ada@example.com") == "ada@example.com"
+    for bad in ("", "a" * 257, "ad\u202ea", "a\u0085b", "a\u2028b", "a\x00", "\ud800", 5):
+        with pytest.raises(WebConfigError):
+            check_user_id(bad)
