@@ -103,13 +103,18 @@ def create_app(pattern: Pattern | None = None, *, runtime: Runtime | None = None
             if runtime is not None:
                 server.rt = runtime
                 await server.start(tg)
-                yield
+                try:
+                    yield
+                finally:
+                    server.close(stop_instances=True)  # the runtime lives on: free it
             else:
                 async with Runtime(store, model=model) as rt:
                     server.rt = rt
                     await server.start(tg)
-                    yield
-                    server.close()
+                    try:
+                        yield
+                    finally:
+                        server.close(stop_instances=False)  # the runtime stops them
             tg.cancel_scope.cancel()
 
     routes = [
@@ -200,11 +205,18 @@ class _Server:
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         await tg.start(self.broadcaster.run)
 
-    def close(self) -> None:
+    def close(self, stop_instances: bool) -> None:
+        """The server stops: every tab's stream ends; with ``stop_instances``, the instances
+        it started in a runtime that outlives it are stopped too."""
         for served in self.served.values():
             if served.hub is not None:
                 served.hub.close()
+        instances = [s.inst for s in self.served.values()] + list(self.indexes.values())
         self.served.clear()
+        self.indexes.clear()
+        if stop_instances and self.rt is not None:
+            for inst in instances:
+                self.rt.stop(inst)
 
     # -- who is asking ------------------------------------------------------------------
 

@@ -499,3 +499,18 @@ def test_user_ids_from_the_hook_are_printable_text() -> None:
     for bad in ("", "a" * 257, "ad\u202ea", "a\u0085b", "a\u2028b", "a\x00", "\ud800", 5):
         with pytest.raises(WebConfigError):
             check_user_id(bad)
+
+
+async def test_an_app_on_the_callers_runtime_leaves_it_as_it_found_it() -> None:
+    async with Runtime(model=ScriptedModel(["Hi."])) as rt:
+        app = create_app(runtime=rt, secret=SECRET)
+        async with serving(app) as base, Browser(base) as b:
+            sid = await b.open()
+            async with b.tab(sid) as tab:
+                await b.send(sid, "send", "hello")
+                await tab.until(lambda d: not d["pending"] and len(d["messages"]) == 2)
+            assert len(list(rt._running)) == 2  # the session and the user's session list
+        assert list(rt._running) == []  # the app stopped what it started; rt goes on
+        from patterns.chatbot import chatbot
+
+        assert rt.run(chatbot, user="u", session="s").result.key("messages").get() == []
