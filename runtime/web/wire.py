@@ -5,13 +5,16 @@ A tab holds the pattern's result cells as one JSON object; the server sends it w
 operations, each ``{"op", "path", "value"}`` with ``path`` a JSON Pointer into that object.
 
 - ``replace``: the value at ``path`` is ``value``;
-- ``add`` with a path ending in ``-``: ``value`` is pushed onto the array at the rest;
+- ``add``: ``value`` is inserted in the array at ``path``'s index (``-``: pushed at its end),
+  or set at the object's new key;
+- ``remove``: the array item or object key at ``path`` goes;
 - ``append``: ``value`` is added to the end of the string at ``path``.
 
-``diff`` finds them: an array that grew by its end is its new items, a string that grew by
-its end is its new text (a streamed reply is a run of ``append``s, never the text again),
-an object with the same keys is diffed key by key, anything else is replaced. Equality is
-JSON's (``same``: ``1`` is not ``true``). Nothing here does I/O, so the
+``diff`` finds them: a string that grew by its end is its new text (a streamed reply is a
+run of ``append``s, never the text again); an array is its items added, removed or changed
+between an unchanged head and tail (a history that grew is its new messages, a todo item
+ticked is one ``replace``); an object is its keys removed, added and changed; anything else
+is replaced. Equality is JSON's (``same``: ``1`` is not ``true``). Nothing here does I/O, so the
 same functions serve the server, its tests and the benchmark.
 """
 
@@ -49,24 +52,50 @@ def _diff(old: Any, new: Any, path: tuple[str | int, ...], ops: list[dict[str, A
                 ops.append({"op": "append", "path": pointer(path), "value": new[len(old):]})
                 return
         elif isinstance(new, list):
-            n = len(old)
-            if len(new) >= n and same(new[:n], old):  # grew by its end (or did not change)
-                at = pointer((*path, "-"))
-                ops.extend({"op": "add", "path": at, "value": item} for item in new[n:])
-                return
-            if len(new) == n and n and same(new[:-1], old[:-1]) and depth < _MAX_DEPTH:
-                _diff(old[-1], new[-1], (*path, n - 1), ops, depth + 1)  # the last changed
+            if _diff_list(old, new, path, ops, depth):
                 return
         elif isinstance(new, dict):
             if same(new, old):
                 return
-            if new.keys() == old.keys() and depth < _MAX_DEPTH:
+            if depth < _MAX_DEPTH:
+                ops.extend({"op": "remove", "path": pointer((*path, k))}
+                           for k in old if k not in new)
                 for key, value in new.items():
-                    _diff(old[key], value, (*path, key), ops, depth + 1)
+                    if key in old:
+                        _diff(old[key], value, (*path, key), ops, depth + 1)
+                    else:
+                        ops.append({"op": "add", "path": pointer((*path, key)), "value": value})
                 return
         elif new == old:
             return
     ops.append({"op": "replace", "path": pointer(path), "value": new})
+
+
+def _diff_list(old: list[Any], new: list[Any], path: tuple[str | int, ...],
+               ops: list[dict[str, Any]], depth: int) -> bool:
+    """A list's change as the items added, removed or changed between an unchanged head
+    and an unchanged tail; False when that is not smaller than the list (replace it)."""
+    n, m = len(old), len(new)
+    head = 0
+    while head < n and head < m and same(old[head], new[head]):
+        head += 1
+    tail = 0
+    while tail < n - head and tail < m - head and same(old[n - 1 - tail], new[m - 1 - tail]):
+        tail += 1
+    gone, came = n - head - tail, m - head - tail
+    if not came:  # items removed (or none changed)
+        ops.extend({"op": "remove", "path": pointer((*path, head))} for _ in range(gone))
+        return True
+    if not gone:  # items added: pushed at the end, inserted elsewhere
+        at: list[str | int] = ["-"] * came if not tail else list(range(head, head + came))
+        ops.extend({"op": "add", "path": pointer((*path, i)), "value": new[head + k]}
+                   for k, i in enumerate(at))
+        return True
+    if gone == came and depth < _MAX_DEPTH and gone <= max(1, m // 2):
+        for i in range(head, head + gone):  # items changed in place
+            _diff(old[i], new[i], (*path, i), ops, depth + 1)
+        return True
+    return False
 
 
 def apply(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -85,6 +114,12 @@ def apply(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
         key = int(last) if isinstance(target, list) else last
         if kind == "replace":
             target[key] = op["value"]
+        elif kind == "add" and isinstance(target, list):
+            target.insert(key, op["value"])
+        elif kind == "add":
+            target[key] = op["value"]
+        elif kind == "remove":
+            del target[key]
         elif kind == "append" and isinstance(target[key], str):
             target[key] += op["value"]
         else:

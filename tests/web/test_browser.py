@@ -295,6 +295,18 @@ def test_the_todo_agent_updates_the_list_beside_the_chat_screenshot(serve, fake,
     expect(tab.messages("assistant").last).to_have_text("Added buy milk.")
     expect(tab.page.get_by_role("log", name="Conversation")).to_contain_text("addItem")
     expect(tab.stop_button).to_be_hidden()
+
+    # the list edited in place: an item ticked is one replace, one removed is one remove
+    fake.script(tool_call("addItem", {"title": "eggs"}, id="call_2"),
+                tool_call("markDone", {"title": "buy milk"}, id="call_3"), text("Done."))
+    tab.say("Milk is bought; add eggs")
+    expect(state.get_by_role("checkbox", name="buy milk")).to_be_checked()
+    expect(state.get_by_role("checkbox", name="eggs")).not_to_be_checked()
+    fake.script(tool_call("removeItem", {"title": "buy milk"}, id="call_4"), text("Removed."))
+    tab.say("Drop the milk")
+    expect(tab.messages("assistant").last).to_have_text("Removed.")
+    expect(state.get_by_role("checkbox")).to_have_count(1)
+    expect(state.get_by_role("checkbox", name="eggs")).not_to_be_checked()
     assert tab.errors == []
 
     shot = artifacts_dir() / "todo-agent.png"

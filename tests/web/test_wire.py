@@ -93,3 +93,20 @@ def test_frames_are_one_data_line() -> None:
 def test_a_patch_that_does_not_fit_is_refused() -> None:
     with pytest.raises(ValueError, match="cannot apply append"):
         apply({"x": 1}, [{"op": "append", "path": "/x", "value": "a"}])
+
+
+def test_a_list_edited_in_place_is_sent_what_changed() -> None:
+    items = [{"title": "milk", "done": False}, {"title": "eggs", "done": False},
+             {"title": "tea", "done": False}]
+    ticked = [items[0], {"title": "eggs", "done": True}, items[2]]
+    assert diff(items, ticked, ("items",)) == [
+        {"op": "replace", "path": "/items/1/done", "value": True}]
+    assert diff(items, [items[0], items[2]], ("items",)) == [
+        {"op": "remove", "path": "/items/1"}]
+    new = {"title": "jam", "done": False}
+    assert diff(items, [items[0], new, *items[1:]], ("items",)) == [
+        {"op": "add", "path": "/items/1", "value": new}]
+    assert diff({"a": 1, "b": 2}, {"a": 1, "c": 3}, ("o",)) == [
+        {"op": "remove", "path": "/o/b"}, {"op": "add", "path": "/o/c", "value": 3}]
+    assert diff([1, 2, 3], [4, 5, 6], ("x",)) == [
+        {"op": "replace", "path": "/x", "value": [4, 5, 6]}]  # nothing kept: the list
