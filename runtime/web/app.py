@@ -351,7 +351,7 @@ class _Server:
             return self.with_cookie(RedirectResponse("/", 303), request, minted)  # the cookie
         listed = self.sessions(user)
         sid = listed[0]["id"] if listed else await self.make_session(user)
-        return self.with_cookie(RedirectResponse(f"/c/{sid}", 303), request, minted)
+        return RedirectResponse(f"/c/{sid}", 303)
 
     @_answering
     async def page(self, request: Request) -> Response:
@@ -359,9 +359,11 @@ class _Server:
         user, minted = await self.identify_page(request)
         if user is None:
             return _reload_page() if self.authenticate is None else _error(401, "not signed in")
-        if minted is not None or not self.owned(user, request.path_params["session"]):
+        if minted is not None:  # a first visit owns no session yet
             return self.with_cookie(_not_found_page(), request, minted)
-        return self.with_cookie(FileResponse(STATIC / "index.html"), request, minted)
+        if not self.owned(user, request.path_params["session"]):
+            return _not_found_page()
+        return FileResponse(STATIC / "index.html")
 
     # -- the API --------------------------------------------------------------------------
 
