@@ -48,10 +48,14 @@ __all__ = ["command"]
               help="Event streams one user may keep open (default 16).")
 @click.option("--coalesce", default=None, type=click.FloatRange(0, 10), metavar="SECONDS",
               help="Gather commits over this long into one patch (default 0.03).")
+@click.option("--limit", "limit_args", multiple=True, metavar="NAME=VALUE",
+              help="Any other of the server's limits (docs/web.md), as "
+              "--limit events_per_second=10 (repeatable).")
 def command(pattern: str | None, model: str | None, store: str | None, host: str, port: int,
             args_json: str | None, space: str, allowed_hosts: tuple[str, ...],
             allowed_origins: tuple[str, ...], auth: str | None,
-            max_connections: int | None, coalesce: float | None) -> None:
+            max_connections: int | None, coalesce: float | None,
+            limit_args: tuple[str, ...]) -> None:
     """Serve PATTERN (default: the bundled chatbot) as a web page, one conversation per
     session; each browser gets its own user."""
     try:
@@ -68,10 +72,16 @@ def command(pattern: str | None, model: str | None, store: str | None, host: str
     from .loading import DEFAULT_CHAT_PATTERN, load_pattern
 
     target = load_pattern(pattern or DEFAULT_CHAT_PATTERN)
+    _log_server_faults()
     choice = choose_model(model)
-    limits = Limits(**{k: v for k, v in (("max_connections", max_connections),
-                                          ("coalesce", coalesce)) if v is not None})
-    hosts = list(allowed_hosts) or (None if _loopback(host) else ["*"])
+    limits = _limits(Limits, limit_args, max_connections=max_connections, coalesce=coalesce)
+    from ..llm import is_loopback_host
+    from ..web.guards import LOOPBACK_HOSTS
+
+    loopback = is_loopback_host(host)
+    # bound to loopback, the URL printed keeps working beside the names given
+    hosts = ([*allowed_hosts, *(LOOPBACK_HOSTS if loopback else ())] if allowed_hosts
+             else None if loopback else ["*"])
     where = url or default_store()
     app = create_app(target, store=where, model=choice.model, args=args, space=space,
                      authenticate=_load_auth(auth) if auth else None, limits=limits,
@@ -104,16 +114,47 @@ def command(pattern: str | None, model: str | None, store: str | None, host: str
     anyio.run(main)
 
 
-def _loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address or ``localhost`` (only loopback clients)."""
-    import ipaddress
+def _log_server_faults() -> None:
+    """The server's own faults (a handler that crashed, a failed patch) reach stderr, one
+    block each, even without ``--verbose`` (which logs everything the runtime does)."""
+    import logging
+    import sys
 
-    if host == "localhost":
-        return True
+    parent = logging.getLogger("celldialog")
+    if any(not isinstance(h, logging.NullHandler) for h in parent.handlers):
+        return  # --verbose: the parent logger already prints them
+    web = logging.getLogger("celldialog.web")
+    if any(getattr(h, "celldialog_serve", False) for h in web.handlers):
+        return  # already added (the command ran before in this process)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.celldialog_serve = True  # type: ignore[attr-defined]
+    web.addHandler(handler)
+    web.setLevel(logging.WARNING)
+
+
+def _limits(limits_class: Any, pairs: tuple[str, ...], **given: Any) -> Any:
+    """``Limits`` from ``--limit NAME=VALUE`` pairs and the options that name one."""
+    import dataclasses
+
+    from ..web import WebConfigError
+
+    fields = {f.name: f.type for f in dataclasses.fields(limits_class)}
+    values = {k: v for k, v in given.items() if v is not None}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        name = name.strip()
+        if not sep or name not in fields:
+            raise UsageProblem(f"--limit takes NAME=VALUE with NAME one of "
+                               f"{', '.join(fields)}; got {pair!r}")
+        try:
+            values[name] = int(text) if fields[name] in (int, "int") else float(text)
+        except ValueError:
+            raise UsageProblem(f"--limit {name}: {text!r} is not a number") from None
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        return limits_class(**values)
+    except WebConfigError as e:
+        raise UsageProblem(f"--limit: {e}") from None
 
 
 def _bind(host: str, port: int) -> socket.socket:

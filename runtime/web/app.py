@@ -3,8 +3,9 @@
 A request passes the checks in order, each in one place: the ``Host`` (``guards.HostGuard``,
 against DNS rebinding), then for anything but a read its ``Origin`` (``guards.OriginGuard``:
 a POST from another site or without an ``Origin`` is refused), then who is asking
-(``identity``: the signed cookie, or the application's ``authenticate`` hook), then whether
-the session is theirs (``sessions``), then the limits (``limits``). Only then does a request
+(``identity``: the signed cookie, or the application's ``authenticate`` hook), then what
+they may still ask (``limits``: a body is read under its cap and deadline before anything
+else), then whether the session is theirs (``sessions``). Only then does a request
 touch the runtime, through its public front: ``rt.run`` finds or starts the instance and
 ``inst.send`` runs the event under the stream's schema, in its own transaction.
 
@@ -37,7 +38,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..cells import Instance, Pattern, Runtime
-from ..errors import CelldialogError
+from ..errors import CelldialogError, ClosedError, StorageError
 from .errors import WebConfigError
 from .guards import LOOPBACK_HOSTS, HostGuard, OriginGuard, SecurityHeaders
 from .hub import Broadcaster, Hub, Tab
@@ -63,18 +64,22 @@ STATIC = Path(__file__).parent / "static"
 RETRY_MS = 1000  # how long a browser waits before it reconnects a dropped stream
 SEND_TIMEOUT = 10  # seconds a tab may read nothing while bytes wait for it before it is closed
 COOKIE_AGE = 400 * 24 * 3600  # the longest browsers keep a cookie
+UNAVAILABLE = (StorageError, ClosedError)
+"""What ``inst.send`` raises when the server cannot take the event now (the store busy or
+in conflict past its retries, the runtime closing): 503, try again."""
 REFUSED_EVENTS = (CelldialogError, ValueError, TypeError, LookupError)
 """What ``inst.send`` raises for an event that was wrong (its schema, its links, a handler's
-refusal): the client is told why (400). Anything else is the server's fault (500)."""
+refusal, which a handler says by raising): the client is told why (400). Anything else is
+the server's fault (500, logged)."""
 
 
-def create_app(pattern: Pattern | None = None, *, runtime: Runtime | None = None,
+def create_app(pattern: Pattern, *, runtime: Runtime | None = None,
                store: str = "memory", model: Any = None, args: dict[str, Any] | None = None,
                space: str = "default", secret: str | bytes | None = None,
                authenticate: Authenticate | None = None, limits: Limits | None = None,
                allowed_hosts: list[str] | None = None,
                allowed_origins: list[str] | None = None) -> Starlette:
-    """The app serving ``pattern`` (default: the bundled chatbot) to many users at once.
+    """The app serving ``pattern`` to many users at once.
 
     ``runtime``: a running ``Runtime`` to serve from (its owner opens and closes it);
     without one, the app opens ``Runtime(store, model=model)`` for its lifespan. ``args``:
@@ -86,10 +91,6 @@ def create_app(pattern: Pattern | None = None, *, runtime: Runtime | None = None
     origins besides the page's own that may POST (a page served under another name by a
     proxy).
     """
-    if pattern is None:
-        from patterns.chatbot import chatbot
-
-        pattern = chatbot
     if not isinstance(pattern, Pattern):
         raise WebConfigError(f"create_app() serves a @pattern, got {pattern!r}")
     if args is not None and not isinstance(args, dict):
@@ -384,7 +385,6 @@ class _Server:
     async def events(self, request: Request) -> Response:
         """The session's event stream: a snapshot, then patches."""
         user = await self.require_user(request)
-        served = self.session(user, request.path_params["session"])
         wait = self.connects_rate.take(user)
         if wait:
             raise _Refused(_too_many("new event streams", wait))
@@ -392,7 +392,8 @@ class _Server:
             raise _Refused(_error(429, f"this user has {self.limits.max_connections} event "
                                        "streams open, the most allowed: close a tab",
                                   **{"Retry-After": "5"}))
-        try:
+        try:  # limits first: a refused request runs nothing
+            served = self.session(user, request.path_params["session"])
             hub = self.hub(served)
             tab = hub.join(RETRY_MS)
         except BaseException:
@@ -416,9 +417,6 @@ class _Server:
         user = await self.require_user(request)
         sid = request.path_params["session"]
         name = request.path_params["name"]
-        wait = self.events_rate.take((user, sid))
-        if wait:
-            raise _Refused(_too_many("events in this session", wait))
         # the body first: no instance is held (nor evicted) while a client trickles it in
         event = _parse_event(await _read_body(request, self.limits.max_body,
                                               self.limits.body_seconds))
@@ -428,10 +426,20 @@ class _Server:
             known = ", ".join(sorted(inst.streams)) or "none"
             raise _Refused(_error(404, f"this pattern has no stream {name!r}; its streams: "
                                        f"{known}"))
+        chat = served.describe["chat"]
+        if name != chat["cancel"]:  # Stop is never refused for the events before it
+            wait = self.events_rate.take((user, sid))
+            if wait:
+                raise _Refused(_too_many("events in this session", wait))
         dropped_cell = served.chat_cell("dropped")
         before = dropped_cell.get() if dropped_cell is not None else None
         try:
             await inst.send(name, event)
+        except UNAVAILABLE as e:
+            log.warning("stream %r of %s could not take an event: %s", name,
+                        inst.pattern.name, e)
+            raise _Refused(_error(503, "the server cannot take this event now: try again",
+                                  **{"Retry-After": "1"})) from None
         except REFUSED_EVENTS as e:
             raise _Refused(_error(400, f"event refused by stream {name!r}: {e}")) from None
         except Exception:
@@ -441,15 +449,20 @@ class _Server:
         answer: dict[str, Any] = {"ok": True}
         if dropped_cell is not None and dropped_cell.get() != before:
             answer["dropped"] = True  # a reply was still running: the dialog ignored it
-        elif not served.titled and name == served.describe["chat"]["send"]:
+        elif not served.titled and name == chat["send"]:
             await self.name_session(user, sid, served, event)
         return JSONResponse(answer, 202)
 
     async def name_session(self, user: str, sid: str, served: _Session, event: Any) -> None:
+        """The session's title from its first message. The message is in: a title that
+        cannot be written is logged, never the answer to the message."""
         served.titled = True
         title = title_of(event)
         if title:
-            await self.index(user).send("name", {"id": sid, "title": title})
+            try:
+                await self.index(user).send("name", {"id": sid, "title": title})
+            except Exception:
+                log.exception("the title of a session could not be written")
 
 
 class _TabStream(EventSourceResponse):

@@ -149,6 +149,29 @@ def test_stop_ends_the_reply_at_once_and_the_next_message_works(serve, fake, use
     assert tab.errors == []
 
 
+def test_a_stop_the_server_refuses_leaves_the_reply_running_and_says_so(serve, fake,
+                                                                        user) -> None:
+    reply = "A reply whose stop was refused, so it ENDS AFTER ALL."
+    held = Held(text(reply), head=6, pace=0.15)
+    fake.script(held)
+    served = serve()
+    tab = user()
+    tab.page.goto(served.url)
+    tab.page.route("**/streams/cancel", lambda route: route.fulfill(
+        status=503, content_type="application/json",
+        body='{"error": "the server cannot take this event now: try again"}'))
+
+    tab.say("Start something long")
+    wait_event(held.arrived, "the fake streaming the reply's head")
+    tab.stop_button.click()
+    expect(tab.page.get_by_text("Not stopped: the server cannot take this event now")) \
+        .to_be_visible()
+    expect(tab.stop_button).to_be_enabled()  # still running: Stop can be pressed again
+    held.release.set()
+    expect(tab.messages("assistant").last).to_have_text(reply)  # the rest showed after all
+    expect(tab.stop_button).to_be_hidden()
+
+
 def test_reload_and_a_server_restart_restore_the_conversation(serve, fake, user) -> None:
     fake.script(text("Noted: the sky is green."), text("You told me the sky is green."))
     served = serve()

@@ -33,7 +33,9 @@ SECRET = "s" * 40
 
 
 def app_for(model: Any, **kwargs: Any) -> Any:
-    return create_app(model=model, secret=SECRET, **kwargs)
+    from patterns.chatbot import chatbot
+
+    return create_app(chatbot, model=model, secret=SECRET, **kwargs)
 
 
 def streamed(*pieces: str, hold: float = 0.0) -> list[Any]:
@@ -503,7 +505,9 @@ def test_user_ids_from_the_hook_are_printable_text() -> None:
 
 async def test_an_app_on_the_callers_runtime_leaves_it_as_it_found_it() -> None:
     async with Runtime(model=ScriptedModel(["Hi."])) as rt:
-        app = create_app(runtime=rt, secret=SECRET)
+        from patterns.chatbot import chatbot
+
+        app = create_app(chatbot, runtime=rt, secret=SECRET)
         async with serving(app) as base, Browser(base) as b:
             sid = await b.open()
             async with b.tab(sid) as tab:

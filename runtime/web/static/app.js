@@ -445,6 +445,10 @@
     if (stream) { stream.el.classList.add('stopped'); stream.thinking.remove(); }
     renderControls();
     try { await api('POST', `${base}/streams/${encodeURIComponent(name('cancel'))}`, null); } catch (e) {
+      stopped = false; // the reply goes on: show it again, and Stop again
+      if (stream) stream.el.classList.remove('stopped');
+      renderLive();
+      renderControls();
       showAlert(`Not stopped: ${e.message}`);
     }
   });
