@@ -5,6 +5,7 @@ the LLM port (``runtime.llm``) and joins them; the mechanism they use is
 
 from .generate import Generation, generate_object, generate_text
 from .llm_dialog import Dialog, llm_dialog, tool_result
+from .surface import DialogSurface, dialog_surface
 
-__all__ = ["Dialog", "Generation", "generate_object", "generate_text", "llm_dialog",
-           "tool_result"]
+__all__ = ["Dialog", "DialogSurface", "Generation", "dialog_surface", "generate_object",
+           "generate_text", "llm_dialog", "tool_result"]

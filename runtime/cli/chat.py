@@ -58,9 +58,6 @@ LOCAL_NOTE = (
 measured (``bench/local_model.py``), and the one-line way to a provider."""
 
 RESULT_CHARS = 200  # characters of a tool result, a call's arguments or a state value shown
-DIALOG_KEYS = frozenset({"messages", "pending", "partial", "error", "usage", "dropped",
-                         "stop_reason", "result", "turn", "flattened_tools", "tools"})
-"""Result keys that are a dialog's own outputs: never shown as the pattern's state."""
 
 
 @click.command(name="chat")
@@ -107,29 +104,27 @@ class _Surface:
 
     @classmethod
     def of(cls, inst: Instance) -> _Surface:
-        raw = inst.result.raw()
-        keys = set(raw) if isinstance(raw, dict) else set()
+        from ..builtins import dialog_surface
 
-        def stream(*names: str) -> str | None:
-            return next((n for n in names if n in inst.streams), None)
-
-        def cell(name: str) -> Cell | None:
-            return inst.result.key(name).resolve() if name in keys else None
-
-        send, messages, pending = stream("send", "add_message"), cell("messages"), cell(
-            "pending")
-        if send is None or messages is None or pending is None:
-            missing = [n for n, v in (("send", send), ("messages", messages),
-                                      ("pending", pending)) if v is None]
+        found = dialog_surface(inst)
+        parts = found.parts
+        if not found.is_chat:
+            missing = [n for n in ("send", "messages", "pending")
+                       if n not in (set(found.streams) | set(found.cells))]
             raise PatternNotUsable(
                 f"pattern {inst.pattern.name} has no dialog to chat with: its result lacks "
-                f"{', '.join(missing)} (return the llm_dialog's add_message as 'send', its "
-                "messages cell as 'messages' and its pending cell as 'pending')")
-        streams = {name.split(".")[0] for name in inst.streams}
-        state = {k: inst.result.key(k).resolve() for k in sorted(keys)
-                 if k not in streams and k not in DIALOG_KEYS}
-        return cls(send, stream("cancel", "cancel_generation"), messages, pending,
-                   cell("partial"), cell("dropped"), cell("stop_reason"), state)
+                f"{', '.join(missing) or 'a dialog'} (return the llm_dialog's add_message as "
+                "'send', its messages cell as 'messages' and its pending cell as 'pending')")
+        pending = found.cell("pending")
+        if pending is None:
+            raise PatternNotUsable(
+                f"pattern {inst.pattern.name} has no dialog to chat with: its result lacks "
+                "pending (return the llm_dialog's pending cell as 'pending')")
+        state = {k: found.cells[k] for k in sorted(found.state)}
+        messages = found.cell("messages")
+        assert parts["send"] is not None and messages is not None
+        return cls(parts["send"], parts["cancel"], messages, pending, found.cell("partial"),
+                   found.cell("dropped"), found.cell("stop_reason"), state)
 
 
 class _State(Enum):

@@ -37,6 +37,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Redire
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..builtins import DialogSurface, dialog_surface
 from ..cells import Instance, Pattern, Runtime
 from ..errors import CelldialogError, ClosedError, StorageError
 from .errors import WebConfigError
@@ -54,7 +55,6 @@ from .identity import (
 )
 from .limits import ConnectionCounter, Limits, RateLimiter
 from .sessions import sessions_index, title_of
-from .surface import surface
 
 __all__ = ["create_app"]
 
@@ -162,18 +162,20 @@ def _answering(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitabl
 
 @dataclass(eq=False)
 class _Session:
-    """A (user, session) being served: its instance, what of it the page shows, and, while
-    tabs watch, its hub."""
+    """A (user, session) being served: its instance, what of it the page shows (the
+    snapshot's fixed part: pattern, session, streams, chat parts, state), and, while tabs
+    watch, its hub."""
 
     inst: Instance
-    cells: dict[str, Any]
-    describe: dict[str, Any]
+    surface: DialogSurface
     hub: Hub | None = None
     titled: bool = False
 
-    def chat_cell(self, part: str) -> Any:
-        name = self.describe["chat"][part]
-        return self.cells.get(name) if name is not None else None
+    @property
+    def describe(self) -> dict[str, Any]:
+        found = self.surface
+        return {"pattern": self.inst.pattern.key, "session": self.inst.session,
+                "streams": found.streams, "chat": found.parts, "state": found.state}
 
 
 @dataclass(eq=False)
@@ -286,8 +288,7 @@ class _Server:
                                        "POST /api/sessions for a new one"))
         inst = self.runtime().run(self.pattern, self.args, space=self.space, user=user,
                                   session=sid)
-        cells, describe = surface(inst)
-        served = self.served[(user, sid)] = _Session(inst, cells, {**describe, "session": sid})
+        served = self.served[(user, sid)] = _Session(inst, dialog_surface(inst))
         self.evict()
         return served
 
@@ -300,7 +301,7 @@ class _Server:
             return
         for key in list(self.served)[:-1]:  # oldest first; never the one just asked for
             served = self.served[key]
-            pending = served.chat_cell("pending")
+            pending = served.surface.cell("pending")
             if served.hub is None and not (pending is not None and pending.get()):
                 del self.served[key]
                 self.runtime().stop(served.inst)
@@ -310,7 +311,7 @@ class _Server:
 
     def hub(self, served: _Session) -> Hub:
         if served.hub is None or served.hub.closed:
-            served.hub = Hub(served.inst, served.cells, served.describe, self.limits.queue,
+            served.hub = Hub(served.inst, served.surface.cells, served.describe, self.limits.queue,
                              self.limits.queue_bytes, self.broadcaster.mark)
         return served.hub
 
@@ -426,12 +427,12 @@ class _Server:
             known = ", ".join(sorted(inst.streams)) or "none"
             raise _Refused(_error(404, f"this pattern has no stream {name!r}; its streams: "
                                        f"{known}"))
-        chat = served.describe["chat"]
+        chat = served.surface.parts
         if name != chat["cancel"]:  # Stop is never refused for the events before it
             wait = self.events_rate.take((user, sid))
             if wait:
                 raise _Refused(_too_many("events in this session", wait))
-        dropped_cell = served.chat_cell("dropped")
+        dropped_cell = served.surface.cell("dropped")
         before = dropped_cell.get() if dropped_cell is not None else None
         try:
             await inst.send(name, event)

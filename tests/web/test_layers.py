@@ -32,11 +32,29 @@ def test_nothing_below_imports_the_web_package() -> None:
     assert offenders == set()
 
 
-def test_the_web_package_uses_the_cell_graphs_front_only() -> None:
-    reached = {n for p in (RUNTIME / "web").glob("*.py") for n in imports(p)
-               if n.startswith(("runtime.cells.", "runtime.storage", "runtime.builtins."))}
-    # names imported from the front itself (runtime.cells.X where X is in its __all__)
-    import runtime.cells as front
+def test_the_web_package_stands_on_the_fronts_of_the_rooms_below() -> None:
+    """What runtime/web imports of the project: the cell graph's and the builtins' fronts
+    (names in their ``__all__``), the error tree, and itself; of the rest, the standard
+    library and the web extra's packages."""
+    import sys
 
-    submodules = {n for n in reached if n.removeprefix("runtime.cells.") not in front.__all__}
-    assert submodules == set()
+    import runtime.builtins as builtins
+    import runtime.cells as cells
+
+    fronts = {"runtime.cells": set(cells.__all__), "runtime.builtins": set(builtins.__all__)}
+    allowed_packages = {"starlette", "sse_starlette", "anyio", "pydantic", "platformdirs"}
+    wrong = set()
+    for path in (RUNTIME / "web").glob("*.py"):
+        for name in imports(path):
+            top = name.split(".")[0]
+            if name.startswith("runtime."):
+                front, _, member = name.rpartition(".")
+                if name in fronts or name.startswith(("runtime.web", "runtime.errors")):
+                    continue
+                if front in fronts and member in fronts[front]:
+                    continue
+                wrong.add((path.name, name))
+            elif top not in sys.stdlib_module_names and top not in allowed_packages \
+                    and top != "__future__":
+                wrong.add((path.name, name))
+    assert wrong == set()

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from runtime import Runtime
+from runtime.builtins import dialog_surface
 from runtime.llm import ScriptedModel
 from runtime.llm.events import Stop, TextDelta
 from runtime.llm.scripted import Pause
@@ -23,7 +24,6 @@ from runtime.llm.types import StopReason
 from runtime.web import COOKIE, Limits, WebConfigError, create_app
 from runtime.web.hub import Hub
 from runtime.web.identity import CookieSigner, load_secret
-from runtime.web.surface import surface
 
 from .support import Browser, serving, texts
 
@@ -121,8 +121,9 @@ def test_the_secret_is_made_once_private_and_shared_by_processes(tmp_path: Path)
     assert [p.name for p in tmp_path.iterdir()] == ["web-secret"]  # no temporary files left
     with pytest.raises(WebConfigError, match="at least 32 bytes"):
         CookieSigner(b"short")
-    assert "secret" not in repr(CookieSigner(load_secret(SECRET)))[len("CookieSigner("):-1] \
-        .replace("<secret>", "")
+    signer = CookieSigner(load_secret(SECRET))
+    assert SECRET not in repr(signer) and signer._key.hex() not in repr(signer)
+    assert repr(signer) == "CookieSigner(<secret>)"
 
 
 # -- sessions and isolation -----------------------------------------------------------------
@@ -333,7 +334,8 @@ async def test_a_tab_too_slow_for_its_queue_is_closed_and_others_go_on() -> None
 
     async with Runtime(model=ScriptedModel([])) as rt:
         inst = rt.run(chatbot, user="ada", session="s")
-        cells, describe = surface(inst)
+        found = dialog_surface(inst)
+        cells, describe = found.cells, {"chat": found.parts, "state": found.state}
         dirty: list[Hub] = []
         hub = Hub(inst, cells, describe, 2, 1 << 20, dirty.append)
         slow, fast = hub.join(1000), hub.join(1000)
@@ -404,7 +406,8 @@ async def test_a_tab_that_stops_reading_costs_at_most_its_byte_budget() -> None:
 
     async with Runtime(model=ScriptedModel([])) as rt:
         inst = rt.run(chatbot, user="ada", session="s")
-        cells, describe = surface(inst)
+        found = dialog_surface(inst)
+        cells, describe = found.cells, {"chat": found.parts, "state": found.state}
         hub = Hub(inst, cells, describe, 256, 10_000, lambda hub: None)
         tab = hub.join(1000)
         assert hub.join(1000).queued[0] is tab.queued[0]  # one snapshot encoding for both
@@ -513,8 +516,72 @@ async def test_an_app_on_the_callers_runtime_leaves_it_as_it_found_it() -> None:
             async with b.tab(sid) as tab:
                 await b.send(sid, "send", "hello")
                 await tab.until(lambda d: not d["pending"] and len(d["messages"]) == 2)
-            assert len(list(rt._running)) == 2  # the session and the user's session list
-        assert list(rt._running) == []  # the app stopped what it started; rt goes on
+            server = app.state.celldialog
+            started = [s.inst for s in server.served.values()] + list(server.indexes.values())
+            assert len(started) == 2  # the session and the user's session list
+            assert not any(inst.stopped for inst in started)
+        assert all(inst.stopped for inst in started)  # the app stopped what it started
         from patterns.chatbot import chatbot
 
         assert rt.run(chatbot, user="u", session="s").result.key("messages").get() == []
+
+
+class _Counting:
+    """A hub as the broadcaster sees it: counts its flushes (or fails them)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.flushes: list[float] = []
+        self.fail = fail
+        self.closed = False
+        self.inst = "a fake instance"
+        self.flushed = anyio.Event()
+
+    def flush(self) -> None:
+        self.flushes.append(anyio.current_time())
+        self.flushed.set()
+        if self.fail:
+            raise ValueError("a bad value")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_the_first_change_goes_at_once_and_what_follows_waits_for_the_window() -> None:
+    from runtime.web.hub import Broadcaster
+
+    broadcaster = Broadcaster(coalesce=0.3)
+    hub = _Counting()
+    async with anyio.create_task_group() as tg:
+        await tg.start(broadcaster.run)
+        start = anyio.current_time()
+        broadcaster.mark(hub)  # type: ignore[arg-type]
+        with anyio.fail_after(0.2):  # not the window: at once
+            await hub.flushed.wait()
+        hub.flushed = anyio.Event()
+        for _ in range(5):  # a burst right after: one patch, when the window has passed
+            broadcaster.mark(hub)  # type: ignore[arg-type]
+            await anyio.lowlevel.checkpoint()
+        with anyio.fail_after(2):
+            await hub.flushed.wait()
+        tg.cancel_scope.cancel()
+    assert len(hub.flushes) == 2
+    assert hub.flushes[0] - start < 0.2 and hub.flushes[1] - hub.flushes[0] >= 0.29
+
+
+async def test_one_hub_failing_closes_its_tabs_and_not_the_others() -> None:
+    from runtime.web.hub import Broadcaster
+
+    broadcaster = Broadcaster(coalesce=0)
+    bad, good = _Counting(fail=True), _Counting()
+    async with anyio.create_task_group() as tg:
+        await tg.start(broadcaster.run)
+        broadcaster.mark(bad)  # type: ignore[arg-type]
+        broadcaster.mark(good)  # type: ignore[arg-type]
+        with anyio.fail_after(2):
+            await good.flushed.wait()
+        good.flushed = anyio.Event()
+        broadcaster.mark(good)  # type: ignore[arg-type]
+        with anyio.fail_after(2):  # the task lives on
+            await good.flushed.wait()
+        tg.cancel_scope.cancel()
+    assert bad.closed and not good.closed and len(good.flushes) == 2
