@@ -18,4 +18,4 @@ class WebError(CelldialogError):
 
 class WebConfigError(WebError, ValueError):
     """A setting of the server that cannot be used: a short secret, bad limits, an auth hook
-    that returned something that is not a user id, a pattern with no result to show."""
+    that returned something that is not a user id, something that is not a pattern."""

@@ -2,8 +2,9 @@
 
 Every buffer that grows with a client's input has a cap and every rate has a bucket, so one
 user's flood costs that user, not the others: a body larger than ``max_body`` is refused
-before it is read whole, a session's events beyond its rate wait for its bucket, a user's
-connections beyond ``max_connections`` are refused, and a tab too slow to read its patches
+before it is read whole, a session's events beyond its rate are refused (429, with the
+seconds until its bucket has a token), a user's connections beyond ``max_connections`` are
+refused, and a tab too slow to read its patches
 is dropped (it reconnects to a snapshot) instead of holding an ever-growing queue.
 """
 
