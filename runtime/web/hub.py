@@ -105,6 +105,7 @@ class Hub:
         self.sent: dict[str, Any] = dict(self.latest)
         self.changed.clear()
         self.closed = False
+        self.flushed_at = -float("inf")  # the broadcaster's: when its last patch went
 
     def _sink(self, name: str) -> Callable[[Any], None]:
         def changed(value: Any) -> None:
@@ -157,10 +158,11 @@ class Hub:
 
 
 class Broadcaster:
-    """The one task that flushes dirty hubs. A change after a quiet spell goes out at once
-    (after the commit that made it has finished); changes that follow within ``coalesce``
-    seconds of a flush are gathered into the next one, so a burst costs a few patches, and
-    a lone event no wait."""
+    """The one task that flushes dirty hubs. A hub's first change after a quiet spell goes
+    out at once (once the commit that made it has finished); changes that follow within
+    ``coalesce`` seconds of its last flush are gathered into its next one. So a burst on
+    one session costs a few patches, and a lone event, on any session, no wait: the window
+    is each hub's own."""
 
     def __init__(self, coalesce: float) -> None:
         self.coalesce = coalesce
@@ -175,21 +177,24 @@ class Broadcaster:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         task_status.started()
-        flushed = -float("inf")
         while True:
-            await self._wake.wait()
-            wait = flushed + self.coalesce - anyio.current_time()
-            if wait > 0:
-                await anyio.sleep(wait)  # the window: commits meanwhile join this patch
-            else:
-                await anyio.lowlevel.checkpoint()  # let the marking commit's task finish
-            self._wake = anyio.Event()
-            hubs, self._dirty = self._dirty, {}
-            for hub in hubs:
+            if not self._dirty:
+                await self._wake.wait()
+            self._wake = anyio.Event()  # marks from now on wake the next wait
+            now = anyio.current_time()
+            due = [h for h in self._dirty if h.flushed_at + self.coalesce <= now]
+            for hub in due:
+                del self._dirty[hub]
+                hub.flushed_at = now
                 try:
                     hub.flush()
                 except Exception:  # one instance's bad value must not stop everyone's patches
                     log.exception("patching the tabs of %r failed: they are closed and "
                                   "reconnect to a snapshot", hub.inst)
                     hub.close()
-            flushed = anyio.current_time()
+            if self._dirty:  # the rest are inside their window: until the first is due
+                first = min(h.flushed_at for h in self._dirty) + self.coalesce
+                with anyio.move_on_after(max(first - anyio.current_time(), 0)):
+                    await self._wake.wait()  # or a new mark, which may be due at once
+            else:
+                await anyio.lowlevel.checkpoint()

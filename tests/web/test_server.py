@@ -535,6 +535,7 @@ class _Counting:
         self.closed = False
         self.inst = "a fake instance"
         self.flushed = anyio.Event()
+        self.flushed_at = -float("inf")
 
     def flush(self) -> None:
         self.flushes.append(anyio.current_time())
@@ -561,6 +562,11 @@ async def test_the_first_change_goes_at_once_and_what_follows_waits_for_the_wind
         for _ in range(5):  # a burst right after: one patch, when the window has passed
             broadcaster.mark(hub)  # type: ignore[arg-type]
             await anyio.lowlevel.checkpoint()
+        other = _Counting()  # meanwhile another session's first change: its own window
+        broadcaster.mark(other)  # type: ignore[arg-type]
+        with anyio.fail_after(0.2):
+            await other.flushed.wait()
+        assert hub.flushes == hub.flushes[:1]  # the burst still waits
         with anyio.fail_after(2):
             await hub.flushed.wait()
         tg.cancel_scope.cancel()
