@@ -327,9 +327,7 @@ class _Server:
         if request.headers.get("sec-fetch-site") == "cross-site":
             return None, None
         address = request.client.host if request.client is not None else ""
-        wait = self.minting_rate.take(address)
-        if wait:
-            raise _Refused(_too_many("new visitors from this address", wait))
+        _take(self.minting_rate, address, "new visitors from this address")
         user = new_id()
         return user, user
 
@@ -377,18 +375,14 @@ class _Server:
     @_answering
     async def new_session(self, request: Request) -> Response:
         user = await self.require_user(request)
-        wait = self.sessions_rate.take(user)
-        if wait:
-            raise _Refused(_too_many("new sessions", wait))
+        _take(self.sessions_rate, user, "new sessions")
         return JSONResponse({"id": await self.make_session(user)}, 201)
 
     @_answering
     async def events(self, request: Request) -> Response:
         """The session's event stream: a snapshot, then patches."""
         user = await self.require_user(request)
-        wait = self.connects_rate.take(user)
-        if wait:
-            raise _Refused(_too_many("new event streams", wait))
+        _take(self.connects_rate, user, "new event streams")
         if not self.connections.acquire(user):
             raise _Refused(_error(429, f"this user has {self.limits.max_connections} event "
                                        "streams open, the most allowed: close a tab",
@@ -429,9 +423,7 @@ class _Server:
                                        f"{known}"))
         chat = served.surface.parts
         if name != chat["cancel"]:  # Stop is never refused for the events before it
-            wait = self.events_rate.take((user, sid))
-            if wait:
-                raise _Refused(_too_many("events in this session", wait))
+            _take(self.events_rate, (user, sid), "events in this session")
         dropped_cell = served.surface.cell("dropped")
         before = dropped_cell.get() if dropped_cell is not None else None
         try:
@@ -484,6 +476,13 @@ class _TabStream(EventSourceResponse):
         finally:
             server, user, served, hub, tab = self._tab
             server.left(user, served, hub, tab)
+
+
+def _take(limiter: RateLimiter, key: object, what: str) -> None:
+    """A token of ``limiter`` for ``key``, or a 429 saying when to try again."""
+    wait = limiter.take(key)
+    if wait:
+        raise _Refused(_too_many(what, wait))
 
 
 def _too_many(what: str, wait: float) -> JSONResponse:
