@@ -83,7 +83,12 @@ def command(pattern: str | None, model: str | None, store: str | None, host: str
     hosts = ([*allowed_hosts, *(LOOPBACK_HOSTS if loopback else ())] if allowed_hosts
              else None if loopback else ["*"])
     where = url or default_store()
+    from ..llm.config import Settings
+    from ..web import SECRET_VAR
+
+    secret = Settings().get(SECRET_VAR)  # the environment, then .env, as keys are read
     app = create_app(target, store=where, model=choice.model, args=args, space=space,
+                     secret=secret,
                      authenticate=_load_auth(auth) if auth else None, limits=limits,
                      allowed_hosts=hosts, allowed_origins=list(allowed_origins))
     sock = _bind(host, port)

@@ -85,3 +85,19 @@ def test_a_bad_auth_hook_is_one_line(env: dict[str, str], workdir: Path) -> None
                             "--auth", spec], env=env, cwd=workdir, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and says in r.stderr, (spec, r.stderr)
+
+
+def test_the_secret_may_come_from_dotenv(model_env: dict[str, str], workdir: Path) -> None:
+    from runtime.web.identity import COOKIE, CookieSigner
+
+    secret = "a-secret-from-dotenv-" + "x" * 20
+    (workdir / ".env").write_text(f"CELLDIALOG_WEB_SECRET={secret}\n")
+    with serve(["--store", "memory"], model_env, workdir) as (url, _):
+        cookie = httpx.get(url + "/").cookies[COOKIE]
+    assert CookieSigner(secret.encode()).unsign(cookie) is not None
+    assert not list(Path(model_env["XDG_DATA_HOME"]).rglob("web-secret"))  # none was made
+    (workdir / ".env").write_text("CELLDIALOG_WEB_SECRET=short\n")
+    r = subprocess.run([*CLI, "serve", "--store", "memory"], env=model_env, cwd=workdir,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "at least 32 bytes" in r.stderr
+    assert "short" not in r.stderr and "Traceback" not in r.stderr  # never the secret
