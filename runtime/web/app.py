@@ -175,7 +175,21 @@ class _Session:
     def describe(self) -> dict[str, Any]:
         found = self.surface
         return {"pattern": self.inst.pattern.key, "session": self.inst.session,
-                "streams": found.streams, "chat": found.parts, "state": found.state}
+                "streams": found.streams, "chat": found.parts, "state": found.state,
+                "edit": _editors(self.inst, found.state)}
+
+
+def _editors(inst: Instance, state: tuple[str, ...]) -> dict[str, str]:
+    """State cells the page may edit: a text cell ``x`` whose pattern also returns a stream
+    ``set_x`` taking a string (the chatbot's ``notes`` and ``set_notes``). Everything else
+    beside the chat is read-only; the model changes it through its tools."""
+    editors = {}
+    for name in state:
+        stream = f"set_{name}"
+        if stream in inst.streams and (inst.stream(stream).event_schema or {}).get(
+                "type") == "string":
+            editors[name] = stream
+    return editors
 
 
 @dataclass(eq=False)

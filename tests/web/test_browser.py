@@ -358,3 +358,26 @@ def test_all_the_model_sent_shows_while_it_pauses(serve, fake, user) -> None:
     held.release.set()
     expect(tab.messages("assistant")).to_have_text([reply])
     assert tab.errors == []
+
+
+def test_a_text_cell_the_pattern_lets_the_user_set_is_edited_beside_the_chat(serve, fake,
+                                                                             user) -> None:
+    """The chatbot's notes (``notes`` with ``set_notes``): typed beside the chat, saved to
+    the store, shown to the model in its next call, there again after a reload."""
+    fake.script(text("Hello, Ada."))
+    served = serve()
+    tab = user()
+    tab.page.goto(served.url)
+    notes = tab.page.get_by_role("textbox", name="Notes")
+    expect(notes).to_have_value("")
+    notes.fill("Call me Ada. <b>not bold</b>")
+    tab.page.get_by_role("button", name="Save Notes").click()
+    tab.say("hi")
+    expect(tab.messages("assistant").last).to_have_text("Hello, Ada.")
+    system = fake.requests[-1].body["messages"][0]
+    assert system["role"] == "system" and "Call me Ada. <b>not bold</b>" in system["content"]
+    tab.page.reload()
+    expect(tab.page.get_by_role("textbox", name="Notes")).to_have_value(
+        "Call me Ada. <b>not bold</b>")
+    expect(tab.page.locator("b")).to_have_count(0)
+    assert tab.errors == []

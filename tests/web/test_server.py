@@ -273,6 +273,7 @@ async def test_a_reply_streams_as_appends_and_a_reconnect_gets_a_snapshot() -> N
             snap = tab.snapshot
             assert snap["v"] == 1 and snap["chat"]["send"] == "send"
             assert snap["chat"]["cancel"] == "cancel" and snap["state"] == ["notes"]
+            assert snap["edit"] == {"notes": "set_notes"}  # a text cell with its setter
             assert (await b.send(sid, "send", "hi")).status_code == 202
             await tab.until(lambda d: len(d["messages"]) == 2 and not d["pending"])
         sent = [op for ops in tab.patches for op in ops

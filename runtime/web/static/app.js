@@ -327,8 +327,35 @@
     }
     const sec = [...ui.state.children].find((s) => s.dataset.name === key);
     if (!sec) return;
+    const stream = S.edit && S.edit[key];
+    if (stream) { renderEditor(sec, key, stream); return; }
     sec.classList.toggle('stat', short(S.cells[key])); // "Open 1" on one line
     sec.lastChild.replaceChildren(renderValue(S.cells[key]));
+  }
+  // a text cell the pattern lets the user set (set_<name> taking a string): edited in place
+  function renderEditor(sec, key, stream) {
+    const value = typeof S.cells[key] === 'string' ? S.cells[key] : '';
+    let box = sec.querySelector('textarea');
+    if (!box) {
+      box = el('textarea', 'editor');
+      box.rows = 3;
+      box.setAttribute('aria-label', words(key));
+      const save = el('button', 'save', 'Save');
+      save.type = 'button';
+      save.setAttribute('aria-label', `Save ${words(key)}`);
+      save.addEventListener('click', async () => {
+        save.disabled = true;
+        try {
+          await api('POST', `${base}/streams/${encodeURIComponent(stream)}`, box.value);
+          box.dataset.dirty = '';
+        } catch (e) { showAlert(`Not saved: ${e.message}`); } finally { save.disabled = false; }
+      });
+      box.addEventListener('input', () => { box.dataset.dirty = '1'; });
+      const body = el('div', 'state-body editing');
+      body.append(box, save);
+      sec.lastChild.replaceWith(body);
+    }
+    if (!box.dataset.dirty) box.value = value; // what the user is typing is not overwritten
   }
 
   // -- the wire format: snapshot and patches ---------------------------------------
