@@ -687,6 +687,20 @@ def serve(argv: list[str]) -> None:
     uvicorn.run(app, host="127.0.0.1", port=args.serve, access_log=False, log_level="warning")
 
 
+def latency_cells(label: str, r: Any, floor: Any) -> tuple[str, ...]:
+    """A latency row's common cells: server, p50, p99, p99 spread, max, the ratios to the
+    floor (``floor`` None: this is the floor) and server CPU per event."""
+    p99s = [b.p99 for b in r.blocks]
+
+    def ratio(key: str) -> str:
+        return "-" if floor is None else f"{r.med(key) / floor.med(key):.2f}x"
+
+    return (label, ms(r.med("p50")), ms(r.med("p99")),
+            f"{min(p99s) * 1e3:,.1f}-{max(p99s) * 1e3:,.1f}",
+            ms(max(b.worst for b in r.blocks)), ratio("p50"), ratio("p99"),
+            ms(r.med("server_cpu")))
+
+
 def kb(x: float) -> str:
     return f"{x / 1024:,.1f}"
 
@@ -799,13 +813,7 @@ async def _run(args: argparse.Namespace, servers: list[Server]) -> None:
         fl = lat[n][floor.label]
         for s in servers:
             r = lat[n][s.label]
-            p99s = [b.p99 for b in r.blocks]
-            rows.append((f"{n:,}", s.label, ms(r.med("p50")), ms(r.med("p99")),
-                         f"{min(p99s) * 1e3:,.1f}-{max(p99s) * 1e3:,.1f}",
-                         ms(max(b.worst for b in r.blocks)),
-                         "-" if s is floor else f"{r.med('p50') / fl.med('p50'):.2f}x",
-                         "-" if s is floor else f"{r.med('p99') / fl.med('p99'):.2f}x",
-                         ms(r.med("server_cpu")),
+            rows.append((f"{n:,}", *latency_cells(s.label, r, None if s is floor else fl),
                          "-" if s is floor
                          else f"{r.med('server_cpu') / fl.med('server_cpu'):.2f}x",
                          f"{r.med('server_cpu') / n * 1e6:,.1f}",
@@ -864,13 +872,9 @@ async def _run(args: argparse.Namespace, servers: list[Server]) -> None:
         fl = many[floor.label]
         for s in servers:
             r = many[s.label]
-            p99s = [b.p99 for b in r.blocks]
-            rows.append((f"{n_sessions} x {per}", s.label, ms(r.med("p50")), ms(r.med("p99")),
-                         f"{min(p99s) * 1e3:,.1f}-{max(p99s) * 1e3:,.1f}",
-                         ms(max(b.worst for b in r.blocks)),
-                         "-" if s is floor else f"{r.med('p50') / fl.med('p50'):.2f}x",
-                         "-" if s is floor else f"{r.med('p99') / fl.med('p99'):.2f}x",
-                         ms(r.med("server_cpu")), f"{r.receipts:,}", f"{r.missed}"))
+            rows.append((f"{n_sessions} x {per}",
+                         *latency_cells(s.label, r, None if s is floor else fl),
+                         f"{r.receipts:,}", f"{r.missed}"))
         table(rows)
 
     # ------------------------------------------------------------------ targets
