@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import pattern_args, scope_options, store_url
+from .common import model_option, pattern_args, scope_options, store_option, store_url
 from .errors import PatternNotUsable, redact
 
 if TYPE_CHECKING:
@@ -62,11 +62,8 @@ RESULT_CHARS = 200  # characters of a tool result, a call's arguments or a state
 
 @click.command(name="chat")
 @click.argument("pattern", required=False)
-@click.option("--model", default=None, metavar="NAME",
-              help="The model (default: CELLDIALOG_MODEL, else the resolver's default).")
-@click.option("--store", default=None, metavar="URL",
-              help="sqlite:///path.db, a path, or memory (default: celldialog.db in the "
-              "user data directory).")
+@model_option
+@store_option("celldialog.db in the user data directory")
 @scope_options
 @click.option("--args", "args_json", default=None, metavar="JSON",
               help="The pattern's arguments, a JSON object.")

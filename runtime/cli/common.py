@@ -31,10 +31,12 @@ __all__ = [
     "choose_model",
     "default_store",
     "default_user",
+    "model_option",
     "parse_json",
     "pattern_args",
     "result_state",
     "scope_options",
+    "store_option",
     "store_url",
 ]
 
@@ -85,6 +87,19 @@ def _or_default(default: Callable[[], str]) -> Callable[[click.Context, click.Pa
     def fill(ctx: click.Context, param: click.Parameter, value: Any) -> str:
         return default() if value is None else value
     return fill
+
+
+def model_option(fn: F) -> F:
+    """``--model``, as the commands that talk to a model take it."""
+    return click.option("--model", default=None, metavar="NAME",
+                        help="The model (default: CELLDIALOG_MODEL, else the resolver's "
+                        "default).")(fn)
+
+
+def store_option(default: str) -> Callable[[F], F]:
+    """``--store``, with what it defaults to (``default`` completes the help)."""
+    return click.option("--store", default=None, metavar="URL",
+                        help=f"sqlite:///path.db, a path, or memory (default: {default}).")
 
 
 def scope_options(fn: F) -> F:

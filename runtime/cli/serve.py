@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from .common import pattern_args, store_url
+from .common import model_option, pattern_args, store_option, store_url
 from .errors import CliError, UsageProblem
 
 __all__ = ["command"]
@@ -22,11 +22,8 @@ __all__ = ["command"]
 
 @click.command(name="serve")
 @click.argument("pattern", required=False)
-@click.option("--model", default=None, metavar="NAME",
-              help="The model (default: CELLDIALOG_MODEL, else the resolver's default).")
-@click.option("--store", default=None, metavar="URL",
-              help="sqlite:///path.db, a path, or memory (default: celldialog.db in the "
-              "user data directory, shared with chat).")
+@model_option
+@store_option("celldialog.db in the user data directory, shared with chat")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="The address to listen on (0.0.0.0: every interface).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
