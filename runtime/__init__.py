@@ -62,7 +62,7 @@ if TYPE_CHECKING:
         lift,
         pattern,
     )
-    from .storage import MemoryStore, SQLiteStore, Store
+    from .storage import MemoryStore, PostgresStore, SQLiteStore, Store
 
 _LAZY = {
     **dict.fromkeys(
@@ -70,7 +70,8 @@ _LAZY = {
          "computed", "current_instance", "current_runtime", "handler", "lift", "pattern"),
         "runtime.cells",
     ),
-    **dict.fromkeys(("MemoryStore", "SQLiteStore", "Store"), "runtime.storage"),
+    **dict.fromkeys(("MemoryStore", "PostgresStore", "SQLiteStore", "Store"),
+                    "runtime.storage"),
     **dict.fromkeys(("Dialog", "Generation", "generate_object", "generate_text", "llm_dialog",
                     "tool_result"), "runtime.builtins"),
     **dict.fromkeys(("LLM", "Agent"), "runtime.conversation"),
@@ -97,6 +98,7 @@ __all__ = [
     "PathError",
     "Pattern",
     "PatternError",
+    "PostgresStore",
     "ReadOnlyError",
     "Runtime",
     "SQLiteStore",

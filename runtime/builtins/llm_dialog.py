@@ -296,7 +296,10 @@ class _DialogNode:
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._runs: dict[str, _TurnRun] = {}  # what each running turn of this process knows
         self._rt: Runtime | None = None  # known once a turn was accepted here
+        self._ending: set[str] = set()  # turns of this process ending by their own commit
         node.on_stop(self._stop)
+        for cell in (self.state.turn, self.state.pending):
+            node.on_stop(cell.sink(lambda _: self._stop_lost_turns()))
 
     # -- the streams (handlers: synchronous, one transaction each) -------------------
 
@@ -330,6 +333,19 @@ class _DialogNode:
             return False
         turn = self.state.turn.get() or {}
         return turn.get("holder") != rt.lease.holder or turn.get("id") in self._scopes
+
+    def _stop_lost_turns(self) -> None:
+        """The turn changed (a sink on ``turn`` and ``pending``). A turn running here that is
+        no longer the pending one was cancelled or taken over elsewhere (another process's
+        commit, brought by the store's change feed): it stops now, in the middle of its
+        model call, not at its next step. Turns ending by their own commit are left to end."""
+        if not self._scopes:
+            return
+        current = self.state.current_id() if self.state.pending.get() else None
+        for turn_id in [t for t in self._scopes if t != current and t not in self._ending]:
+            log.info("%s: turn %s was cancelled or taken over by another process; it stops",
+                     self.node.label, turn_id)
+            self._scopes.pop(turn_id).cancel()
 
     def _on_cancel(self, event: Any) -> None:
         # the turn may have started in another process since this copy was read: a cancel
@@ -450,6 +466,7 @@ class _DialogNode:
             run.step.abort()  # interrupted mid-step: none of the step lands
             self._scopes.pop(turn_id, None)
             self._runs.pop(turn_id, None)
+            self._ending.discard(turn_id)
             try:
                 if run.usage is not None:  # cut short after a call: its tokens still count
                     with rt.transaction():
@@ -508,6 +525,7 @@ class _DialogNode:
         if not message.tool_uses():
             # the final reply (the engine completes on a reply without calls): the turn
             # ends in the commit that stores it, with what it spent
+            self._ending.add(run.turn_id)
             self._flush_usage(run)
             self._end_writes(run, None)
             run.step.phase = TurnPhase.ENDED
@@ -653,6 +671,7 @@ class _DialogNode:
         if run.step.phase is TurnPhase.ENDED:
             return  # the final reply's commit ended it
         run.step.abort()
+        self._ending.add(run.turn_id)
         with rt.transaction():
             self._flush_usage(run)
             if not self._owns(rt, run):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -242,6 +242,42 @@ class Documents:
                 if doc is not None and stored is not None and not doc.derived:
                     doc.version = stored.version
                     doc.node.set(stored.value)
+
+    def catch_up(self, changed: Mapping[DocKey, int] | None) -> int:
+        """Take what other writers committed (a change feed's batch: ``{key: version}``,
+        or None to compare every version held) into the documents loaded here: those
+        behind are fetched in one read and set in one kernel batch, so computeds recompute
+        once and sinks fire once. Documents not loaded are left to load when read. Between
+        transactions: a transaction that read one of them conflicts at its commit, as it
+        would had the other writer been a task here. Returns how many were updated."""
+        if self.closed:
+            return 0
+        docs = self._docs
+        if changed is None:
+            changed = self.store.versions(  # type: ignore[attr-defined]
+                [k for k, d in docs.items() if not d.derived])
+        stale = [k for k, v in changed.items()
+                 if (d := docs.get(k)) is not None and not d.derived and d.version < v]
+        if not stale:
+            return 0
+        fresh = self.store.load_many(stale)  # type: ignore[attr-defined]
+        n = 0
+        self.applying += 1
+        try:
+            with signals.batch():
+                for key, stored in fresh.items():
+                    doc = docs.get(key)
+                    if doc is not None and not doc.derived and doc.version < stored.version:
+                        doc.version = stored.version
+                        doc.node.set(stored.value)
+                        n += 1
+        except Exception as e:  # an effect failed: the other writer's commit stands
+            self.report(e, "effects after another writer's commit")
+        finally:
+            self.applying -= 1
+        if not self.applying:
+            self.notify()
+        return n
 
     def forget(self, key: DocKey) -> None:
         self._docs.pop(key, None)

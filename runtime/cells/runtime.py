@@ -18,8 +18,8 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from .._text import describe_surrogate, has_surrogate
-from ..errors import ClosedError, NotJSONError, PatternError, StreamError
-from ..storage import DocKey, Store, open_store
+from ..errors import ClosedError, NotJSONError, PatternError, StoreClosedError, StreamError
+from ..storage import DocKey, Store, can_watch, open_store
 from .cell import Cell, Stream, accept_json, writing
 from .documents import Change, Documents, Transaction, current_transaction
 from .ids import canonical, derive
@@ -112,13 +112,19 @@ class Runtime:
     id, and other processes take one over only once that lease has expired. Its keeper runs
     in the runtime's task group for the runtime's life (``settled()`` does not wait for it),
     and the lease is released when the runtime closes.
+
+    ``follow`` (default True): follow the store's change feed (``runtime.storage.feed``),
+    so commits by other processes on the same database reach this runtime's cells within
+    the feed's latency (PostgreSQL: a notification; SQLite: a poll, 50 ms by default), not
+    only when a commit here conflicts with them.
     """
 
     def __init__(self, store: str | Store = "memory", *,
                  clock: Callable[[], float] = time.time,
                  max_event_chain: int = MAX_CHAIN, model: Any = None,
-                 lease_ttl: float | None = None) -> None:
+                 lease_ttl: float | None = None, follow: bool = True) -> None:
         self.store = open_store(store)
+        self.follow = follow
         self.clock = clock
         self.model = model  # the default model of builtins (a name or a runtime.llm Model)
         self.lease = ProcessLease(self.store, DEFAULT_TTL if lease_ttl is None else lease_ttl)
@@ -142,7 +148,37 @@ class Runtime:
         self._tg.start_soon(self._pump, name="celldialog event pump")
         # not spawn(): the keeper runs as long as the runtime, so it is no work to wait for
         await self._tg.start(self._keep_lease, name="celldialog lease keeper")
+        if self.follow and can_watch(self.store):
+            await self._tg.start(self._follow, name="celldialog change feed")
         return self
+
+    async def _follow(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                      ) -> None:
+        """Follow the store's change feed for the runtime's life: what other processes
+        (or runtimes on the same store) commit reaches the documents loaded here, so their
+        computeds recompute and their sinks fire (``Documents.catch_up``). Started (the
+        feed open) before ``__aenter__`` returns, so no commit after it is missed. A
+        failure is reported and the feed opened again; it never ends the runtime."""
+        assert can_watch(self.store)
+        started = False
+        while True:
+            try:
+                async with self.store.watch() as feed:
+                    if not started:
+                        started = True
+                        task_status.started()
+                    async for batch in feed:
+                        self.docs.catch_up(batch)
+                        self._poke()
+                return  # the store closed
+            except StoreClosedError:
+                return
+            except Exception as e:
+                self.docs.report(e, "following the store's change feed")
+                if not started:
+                    started = True
+                    task_status.started()
+                await anyio.sleep(1.0)  # a backoff before opening it again
 
     async def _keep_lease(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                           ) -> None:

@@ -19,34 +19,45 @@ from .base import (
     Stored,
     Write,
 )
+from .feed import RECHECK, Changes, WatchableStore, can_watch
 from .memory import MemoryStore
+from .postgres import PostgresStore, redact
 from .sqlite import SQLiteStore
 
 __all__ = [
     "LEASE_HOLDER_MAX",
     "LEASE_TTL_MAX",
+    "RECHECK",
+    "Changes",
     "ConflictError",
     "DocKey",
     "MemoryStore",
+    "PostgresStore",
     "SQLiteStore",
     "StorageError",
     "Store",
     "StoreBusyError",
     "StoreClosedError",
     "Stored",
+    "WatchableStore",
     "Write",
+    "can_watch",
     "open_store",
 ]
 
-_SQLITE_OPTIONS = ("busy_timeout",)
+_SQLITE_OPTIONS = ("busy_timeout", "feed_interval")
 _PORT = ("load", "commit", "keys", "renew_lease", "lease_remaining", "release_lease", "close")
 
 
 def open_store(spec: str | Store) -> Store:
-    """``"memory"`` or ``"sqlite:///path/to/file.db"`` (or a ready ``Store``).
+    """``"memory"``, ``"sqlite:///path/to/file.db"``, ``"postgresql://user@host/db"`` (or a
+    ready ``Store``).
 
     A SQLite URL takes options as a query: ``"sqlite:///app.db?busy_timeout=30"`` waits up
-    to 30 s for a database another process has locked (default 5 s, see ``SQLiteStore``).
+    to 30 s for a database another process has locked (default 5 s), ``feed_interval=0.02``
+    polls for other processes' commits every 20 ms (default 50; see ``SQLiteStore``). A
+    PostgreSQL URL is libpq's, with ``pool_size``, ``prepare`` and ``busy_timeout`` added
+    (see ``PostgresStore``; it needs the ``postgres`` extra).
     """
     if not isinstance(spec, str):
         missing = [m for m in _PORT if not callable(getattr(spec, m, None))]
@@ -68,8 +79,11 @@ def open_store(spec: str | Store) -> Store:
         if not path:
             raise StoreConfigError("sqlite store needs a path: 'sqlite:///app.db'")
         return SQLiteStore(path, **_sqlite_options(spec, query))
+    if spec.startswith(("postgresql://", "postgres://")):
+        return PostgresStore(spec)
     raise StoreConfigError(
-        f"unknown store {spec!r}: use 'memory' or 'sqlite:///path/to/file.db'"
+        f"unknown store {redact(spec)!r}: use 'memory', 'sqlite:///path/to/file.db' or "
+        f"'postgresql://user@host/dbname'"
     )
 
 
@@ -89,6 +103,11 @@ def _sqlite_options(spec: str, query: str) -> dict[str, float]:
             seconds = float(text)
         except ValueError:
             seconds = -1.0
+        if name == "feed_interval" and not 0 < seconds <= 60:
+            raise StoreConfigError(
+                f"feed_interval in store {spec!r} is the seconds between polls for other "
+                f"processes' commits, a number > 0 and <= 60; got {text!r}"
+            )
         if not 0 <= seconds < float("inf"):
             raise StoreConfigError(
                 f"busy_timeout in store {spec!r} is the seconds to wait for a locked "

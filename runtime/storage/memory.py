@@ -6,6 +6,9 @@ is applied in place to the kept value (only its assigned values are copied), so 
 a long list costs the same as to a short one; a commit that fails part-way undoes the
 steps it took, so nothing of it is applied.
 
+Its change feed (``runtime.storage.feed``) is in process: every ``watch()`` has an inbox the
+commit fills, so two runtimes on one memory store see each other's commits.
+
 Leases live in the store object, on this process's ``time.monotonic()``: a memory store is
 the process itself, so its leases say which runtimes of the process are alive (two runtimes
 on one store are two holders). They go with the store at ``close()``.
@@ -14,7 +17,8 @@ on one store are two holders). They go with the store at ``close()``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 
 from ..errors import StoreClosedError
 from .base import (
@@ -25,6 +29,7 @@ from .base import (
     check_lease_holder,
     check_lease_ttl,
 )
+from .feed import Changes, Inbox
 from .patch import MISSING, apply_patch, conflict, copy_value
 
 
@@ -33,6 +38,7 @@ class MemoryStore:
         self._docs: dict[DocKey, Stored] = {}
         self._leases: dict[str, float] = {}  # holder -> expiry, on time.monotonic()
         self._closed = False
+        self._inboxes: set[Inbox] = set()
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -69,7 +75,33 @@ class MemoryStore:
             for step in reversed(undo):
                 step()
             raise
+        for inbox in self._inboxes:
+            inbox.put(out)
         return out
+
+    # -- the change feed (runtime.storage.feed) -----------------------------------------
+
+    @asynccontextmanager
+    async def watch(self) -> AsyncIterator[AsyncIterator[Changes | None]]:
+        self._check_open("watch()")
+        inbox = Inbox()
+        self._inboxes.add(inbox)
+        try:
+            yield inbox
+        finally:
+            self._inboxes.discard(inbox)
+            inbox.close()
+
+    def versions(self, keys: Sequence[DocKey]) -> dict[DocKey, int]:
+        self._check_open("versions()")
+        docs = self._docs
+        return {k: docs[k].version for k in keys if k in docs}
+
+    def load_many(self, keys: Sequence[DocKey]) -> dict[DocKey, Stored]:
+        self._check_open("load_many()")
+        docs = self._docs
+        return {k: Stored(copy_value(docs[k].value), docs[k].version) for k in keys
+                if k in docs}
 
     def keys(self, space: str) -> Iterable[DocKey]:
         self._check_open("keys()")
@@ -106,6 +138,9 @@ class MemoryStore:
         self._closed = True
         self._docs = {}
         self._leases = {}
+        for inbox in self._inboxes:
+            inbox.close()
+        self._inboxes = set()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._docs)} documents"

@@ -29,20 +29,32 @@ the next release. A renewal by another process counts as a commit to the file fo
 check that lets a commit skip reading heads (``PRAGMA data_version``): with leases renewed
 every few seconds, a commit then reads its documents' heads once per renewal, not per commit.
 
-A file from before the log (only ``docs``) or the leases opens as it is: the missing tables
-are created.
+The change feed (``runtime.storage.feed``): every commit also appends its keys and new
+versions to ``changes`` (one statement; the oldest rows beyond the newest
+``CHANGES_KEPT`` are deleted now and then). ``watch()`` polls ``PRAGMA data_version`` on a
+connection of its own every ``feed_interval`` seconds (default 0.05: a read of shared
+memory, no I/O) and reads the rows after the last one it saw only when another connection
+committed; a gap (rows deleted before it read them) is a ``RECHECK``. So the processes of
+one host sharing a file see each other's commits within the interval.
+
+A file from before the log (only ``docs``), the leases or the feed opens as it is: the
+missing tables are created.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+
+import anyio
 
 from ..errors import StorageError, StoreBusyError, StoreClosedError, StoreConfigError
 from .base import (
@@ -53,12 +65,17 @@ from .base import (
     check_lease_holder,
     check_lease_ttl,
 )
+from .feed import RECHECK, Changes, poll_interval
 from .patch import MISSING, apply_patch, conflict, describe
 
 T = TypeVar("T")
+log = logging.getLogger("celldialog.sqlite")
 
 DEFAULT_BUSY_TIMEOUT = 5.0
+DEFAULT_FEED_INTERVAL = 0.05
 CACHED_DOCS = 256  # documents whose current value is kept to check patches against
+CHANGES_KEPT = 10_000  # rows of the change feed kept for readers that fall behind
+PRUNE_EVERY = 500  # commits of one connection between deletions of old changes
 
 # ``version`` before ``value``: reading a row's version must not walk a large value's
 # overflow pages (files from before the log have them the other way round; they work)
@@ -101,7 +118,17 @@ CREATE TABLE IF NOT EXISTS leases (
     expires REAL NOT NULL
 ) WITHOUT ROWID
 """
-_TABLES = {"docs": _DOCS, "heads": _HEADS, "patches": _PATCHES, "leases": _LEASES}
+_CHANGES = """
+CREATE TABLE IF NOT EXISTS changes (
+    seq     INTEGER PRIMARY KEY,
+    space   TEXT NOT NULL,
+    scope   TEXT NOT NULL,
+    id      TEXT NOT NULL,
+    version INTEGER NOT NULL
+)
+"""
+_TABLES = {"docs": _DOCS, "heads": _HEADS, "patches": _PATCHES, "leases": _LEASES,
+           "changes": _CHANGES}
 # create (row count 1), extend an unexpired lease (1), or leave an expired one (0): one
 # atomic statement, so two processes renewing and judging one lease never interleave
 _RENEW = (
@@ -137,8 +164,11 @@ def _is_busy(e: sqlite3.Error) -> bool:
 
 
 class SQLiteStore:
-    def __init__(self, path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
+    def __init__(self, path: str | Path, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+                 feed_interval: float = DEFAULT_FEED_INTERVAL) -> None:
         self.path = str(path)
+        self.feed_interval = poll_interval(feed_interval, "SQLiteStore(feed_interval=...)")
+        self._commits = 0
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (
             0 <= busy_timeout < float("inf")
         ):
@@ -225,6 +255,52 @@ class SQLiteStore:
         self._run("release_lease()", lambda: db.execute(
             "DELETE FROM leases WHERE holder=? OR expires<?",  # and long-dead ones
             (holder, time.time() - LEASE_COLLECT_AFTER)))
+
+    # -- the change feed (runtime.storage.feed) -----------------------------------------
+
+    def versions(self, keys: Sequence[DocKey]) -> dict[DocKey, int]:
+        def read() -> dict[DocKey, int]:
+            db = self._open_db("versions()")
+            out: dict[DocKey, int] = {}
+            db.execute("BEGIN")
+            try:
+                for key in keys:
+                    head = db.execute(f"SELECT version FROM heads WHERE {_WHERE}", key
+                                      ).fetchone() or db.execute(
+                        f"SELECT version FROM docs WHERE {_WHERE}", key).fetchone()
+                    if head is not None:
+                        out[key] = head[0]
+            finally:
+                _rollback(db)
+            return out
+
+        return self._run("versions()", read)
+
+    def load_many(self, keys: Sequence[DocKey]) -> dict[DocKey, Stored]:
+        def read() -> dict[DocKey, Stored]:
+            db = self._open_db("load_many()")
+            out: dict[DocKey, Stored] = {}
+            db.execute("BEGIN")  # one snapshot for them all
+            try:
+                for key in keys:
+                    found = self._read(db, key)
+                    if found is not None:
+                        out[key] = Stored(*found)
+            finally:
+                _rollback(db)
+            return out
+
+        return self._run("load_many()", read)
+
+    @asynccontextmanager
+    async def watch(self) -> AsyncIterator[AsyncIterator[Changes | None]]:
+        """Follow the file's ``changes`` on a connection of its own (see the module)."""
+        self._open_db("watch()")
+        feed = _Poller(self)
+        try:
+            yield feed
+        finally:
+            feed.close()
 
     def close(self) -> None:
         db, self._db = self._db, None
@@ -411,6 +487,12 @@ class SQLiteStore:
                 cache[key] = (new, value)
                 cache.move_to_end(key)
                 out[key] = new
+            db.executemany("INSERT INTO changes (space, scope, id, version) VALUES (?,?,?,?)",
+                           [(*k, v) for k, v in out.items()])
+            self._commits += 1
+            if self._commits % PRUNE_EVERY == 0:
+                db.execute("DELETE FROM changes WHERE seq <= "
+                           "(SELECT max(seq) FROM changes) - ?", (CHANGES_KEPT,))
             if patch_rows:  # one statement each for all the commit's documents
                 db.executemany(
                     "INSERT INTO patches (space, scope, id, version, patch) VALUES (?,?,?,?,?)",
@@ -458,3 +540,86 @@ class SQLiteStore:
             )
         self._cache[key] = found
         return found[0]
+
+
+class _Poller:
+    """The feed of one ``watch()``: ``PRAGMA data_version`` every ``feed_interval``
+    seconds; the ``changes`` rows after the last one read, when it moved."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = store
+        self._db: sqlite3.Connection | None = None
+        self._seen: int | None = None  # data_version last read
+        self._last = 0  # the last change row read
+
+    def __aiter__(self) -> AsyncIterator[Changes | None]:
+        return self
+
+    async def __anext__(self) -> Changes | None:
+        store = self._store
+        while True:
+            if store._db is None:
+                raise StopAsyncIteration  # the store closed
+            if self._db is None:
+                if store.path == ":memory:":  # one connection, one process: no one else
+                    if self._seen is None:
+                        self._seen = 0
+                        return RECHECK
+                    await anyio.sleep_forever()
+                try:
+                    self._open()
+                except sqlite3.Error as e:
+                    log.warning("SQLite store %r: the change feed cannot read the file "
+                                "(retrying): %s", store.path, e)
+                    await anyio.sleep(store.feed_interval)
+                    continue
+                return RECHECK
+            await anyio.sleep(store.feed_interval)  # the poll's period
+            try:
+                batch = self._poll()
+            except sqlite3.Error as e:
+                log.warning("SQLite store %r: the change feed's read failed (retrying): %s",
+                            store.path, e)
+                self.close()
+                continue
+            if batch is not None:
+                return batch if batch else RECHECK
+
+    def _open(self) -> None:
+        db = sqlite3.connect(self._store.path, timeout=self._store.busy_timeout,
+                             isolation_level=None)
+        try:
+            self._seen = db.execute("PRAGMA data_version").fetchone()[0]
+            self._last = db.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()[0]
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
+
+    def _poll(self) -> Changes | None:
+        """None: nothing new; {}: a gap (re-check); else the new versions."""
+        db = self._db
+        assert db is not None
+        seen = db.execute("PRAGMA data_version").fetchone()[0]
+        if seen == self._seen:
+            return None
+        self._seen = seen
+        rows = db.execute("SELECT seq, space, scope, id, version FROM changes WHERE seq > ? "
+                          "ORDER BY seq", (self._last,)).fetchall()
+        if not rows:
+            return None  # a commit without changes (a lease renewed)
+        gap = rows[0][0] != self._last + 1
+        self._last = rows[-1][0]
+        if gap:
+            return {}
+        out: Changes = {}
+        for _, space, scope, id_, version in rows:
+            key = DocKey(space, scope, id_)
+            if out.get(key, -1) < version:
+                out[key] = version
+        return out
+
+    def close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()

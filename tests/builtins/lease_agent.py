@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 
 from runtime import Runtime, cell, current_runtime, handler, llm_dialog, pattern
-from runtime.llm import Reply, Request, ScriptedModel, StreamEvent, call
+from runtime.llm import Reply, Request, ScriptedModel, StreamEvent, TextDelta, call
 
 
 @handler
@@ -29,7 +29,8 @@ def lease_agent():
     messages = cell([], scope="session", name="messages")
     chat = llm_dialog(messages, tools={
         "block": {"description": "Block", "handler": block(log=log)}})
-    return {"messages": messages, "send": chat.add_message, "pending": chat.pending,
+    return {"messages": messages, "send": chat.add_message, "cancel": chat.cancel_generation,
+            "pending": chat.pending, "partial": chat.partial,
             "error": chat.error, "dropped": chat.dropped}
 
 
@@ -53,9 +54,31 @@ class StdinGate:
             yield event
 
 
+class Forever:
+    """A model that streams a few words, then nothing more until it is cancelled (a long
+    reply); it says when it starts waiting and when it is cancelled."""
+
+    provider = "scripted"
+    name = "forever"
+
+    async def generate(self, request: Request) -> Any:  # pragma: no cover - streams only
+        raise NotImplementedError
+
+    async def stream(self, request: Request):  # -> AsyncIterator[StreamEvent]
+        yield TextDelta(index=0, text="thinking about it")
+        print(json.dumps({"waiting": True}), flush=True)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            print(json.dumps({"cancelled": time.time()}), flush=True)
+        yield TextDelta(index=0, text="never")  # pragma: no cover - never reached
+
+
 async def _main(store: str, mode: str, ttl: float) -> None:
-    if mode == "block":  # a step whose first call is answered in memory, the second blocks
-        model: Any = ScriptedModel([Reply(tool_calls=[call("read", {"path": "/nothing"}),
+    if mode == "forever":
+        model: Any = Forever()
+    elif mode == "block":  # a step whose first call is answered in memory, the second blocks
+        model = ScriptedModel([Reply(tool_calls=[call("read", {"path": "/nothing"}),
                                                       call("block", {})])])
     else:  # a reply held until the test writes a line
         model = StdinGate("late from A")

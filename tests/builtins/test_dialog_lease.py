@@ -25,6 +25,15 @@ from .support import Gate, assert_valid_history, todo_agent
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """One database the processes of a test share: a SQLite file, or a fresh database of
+    the run's throwaway PostgreSQL cluster."""
+    if request.param == "postgres":
+        return request.getfixturevalue("pg_url")
+    return f"sqlite:///{tmp_path / 'shared.db'}"
 WAIT = 20  # seconds: a bound on every wait, never a pause
 
 
@@ -46,8 +55,8 @@ async def test_a_live_owner_silent_far_longer_than_the_old_bound_keeps_its_turn(
         assert texts == ["one", "the long answer"]
 
 
-async def test_another_process_on_sqlite_leaves_a_live_turn_alone_past_several_ttls(tmp_path):
-    store = f"sqlite:///{tmp_path / 'live.db'}"
+async def test_another_process_leaves_a_live_turn_alone_past_several_ttls(shared):
+    store = shared
     ttl = 0.4
     model = Gate(["from A"])
     async with Runtime(store=store, model=model, lease_ttl=ttl) as a_rt, \
@@ -85,8 +94,8 @@ def _line(proc: subprocess.Popen[str], key: str) -> Any:
     raise AssertionError(f"the child exited ({proc.wait()}) before printing {key!r}")
 
 
-async def test_a_killed_owners_turn_is_recovered_within_the_ttl_with_a_valid_history(tmp_path):
-    store = f"sqlite:///{tmp_path / 'killed.db'}"
+async def test_a_killed_owners_turn_is_recovered_within_the_ttl_with_a_valid_history(shared):
+    store = shared
     ttl = 2.0
     child = _child(store, "block", ttl)
     try:
@@ -119,8 +128,8 @@ async def test_a_killed_owners_turn_is_recovered_within_the_ttl_with_a_valid_his
         assert inst.result.key("pending").get() is False
 
 
-async def test_a_paused_owner_that_comes_back_is_fenced(tmp_path):
-    store = f"sqlite:///{tmp_path / 'paused.db'}"
+async def test_a_paused_owner_that_comes_back_is_fenced(shared):
+    store = shared
     ttl = 1.0
     child = _child(store, "gate", ttl)
     try:
@@ -150,12 +159,12 @@ async def test_a_paused_owner_that_comes_back_is_fenced(tmp_path):
         assert texts[0] == "one" and texts[-2:] == ["two", "from B"]
 
 
-async def test_a_cancel_from_another_process_stops_the_rest_of_the_step_and_the_model(tmp_path):
+async def test_a_cancel_from_another_process_stops_the_rest_of_the_step_and_the_model(shared):
     """B's copy was read before A's turn began (a long-lived server): its cancel still
     reaches the turn, and A runs neither the step's later calls nor another model call."""
     from runtime.llm import Reply, call
 
-    store = f"sqlite:///{tmp_path / 'cancel.db'}"
+    store = shared
     model = ScriptedModel([])
     async with Runtime(store=store, model=model) as a_rt, \
             Runtime(store=store, model=ScriptedModel([])) as b_rt:
@@ -191,3 +200,47 @@ async def test_a_cancel_from_another_process_stops_the_rest_of_the_step_and_the_
         assert [m.role.value for m in messages] == ["user", "assistant", "user"]
         assert all(r.is_error for r in messages[2].blocks)
         assert inst.result.key("pending").get() is False
+
+
+async def _until(inst: Any, name: str, want: Any) -> None:
+    """Wait (bounded) until the instance's ``name`` reads ``want``: a sink, no polling."""
+    seen = anyio.Event()
+    stop = inst.result.key(name).sink(lambda v: seen.set() if v == want else None)
+    try:
+        with anyio.fail_after(WAIT):
+            await seen.wait()
+    finally:
+        stop()
+
+
+async def test_a_cancel_from_another_process_stops_the_owners_model_call_at_once(shared):
+    """A's model is in the middle of a reply that never ends. B, another process whose copy
+    was read before A's turn began, sees the turn start and its streamed text through the
+    change feed, and cancels it: A's model call is cancelled at once, not at a step
+    boundary that would never come."""
+    child = _child(shared, "forever", 10.0)
+    try:
+        async with Runtime(store=shared, model=ScriptedModel([])) as rt:
+            inst = rt.run(lease_agent, user="u", session="s")
+            assert inst.result.key("pending").get() is False
+            child.stdin.write("\n")  # nothing reads it: the child goes on by itself
+            with anyio.fail_after(WAIT):
+                await anyio.to_thread.run_sync(_line, child, "waiting", abandon_on_cancel=True)
+            await _until(inst, "pending", True)  # A's commit reached B with nobody asking
+            await _until(inst, "partial", "thinking about it")
+            await inst.send("cancel", None)
+            with anyio.fail_after(WAIT):  # a child that is never cancelled fails, not hangs
+                cancelled = await anyio.to_thread.run_sync(_line, child, "cancelled",
+                                                           abandon_on_cancel=True)
+                assert await anyio.to_thread.run_sync(_line, child, "done",
+                                                      abandon_on_cancel=True) is False
+            assert child.wait(WAIT) == 0
+            assert cancelled > 0
+            assert inst.result.key("pending").get() is False
+            assert inst.result.key("partial").get() is None
+        assert rt.errors == []
+    finally:
+        child.kill()
+    async with Runtime(store=shared) as rt:
+        inst = rt.run(lease_agent, user="u", session="s")
+        assert [m.text_content() for m in assert_valid_history(inst)] == ["one"]

@@ -29,7 +29,16 @@ from typing import Any
 import pytest
 
 import runtime.errors
-from runtime import MemoryStore, Runtime, SQLiteStore, Store, cell, handler, pattern
+from runtime import (
+    MemoryStore,
+    PostgresStore,
+    Runtime,
+    SQLiteStore,
+    Store,
+    cell,
+    handler,
+    pattern,
+)
 from runtime.errors import StoreConfigError
 from runtime.storage import (
     ConflictError,
@@ -43,20 +52,28 @@ from runtime.storage import (
 )
 from runtime.storage.base import LEASE_COLLECT_AFTER, LEASE_HOLDER_MAX, LEASE_TTL_MAX
 
-Opener = Callable[[Path], Store]
+Opener = Callable[[Any], Store]  # takes where the store lives: a directory, or a database URL
 
 BACKENDS: dict[str, Opener] = {
     "memory": lambda where: MemoryStore(),
     "sqlite": lambda where: SQLiteStore(where / "docs.db"),
+    "postgres": lambda url: PostgresStore(url),
 }
 DURABLE: dict[str, Opener] = {
     "sqlite": BACKENDS["sqlite"],
+    "postgres": BACKENDS["postgres"],
 }
+
+
+def where(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """Where a backend's store lives: a fresh database of the run's throwaway PostgreSQL
+    cluster (``tests/postgres.py``), else the test's directory."""
+    return request.getfixturevalue("pg_url") if name == "postgres" else tmp_path
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s = BACKENDS[request.param](tmp_path)
+    s = BACKENDS[request.param](where(request.param, request, tmp_path))
     try:
         yield s
     finally:
@@ -65,9 +82,10 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 @pytest.fixture(params=sorted(DURABLE))
 def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
-    """Opens the durable backend's store in ``tmp_path`` (call it again to reopen)."""
+    """Opens the durable backend's store in one place (call it again to reopen)."""
     opener = DURABLE[request.param]
-    return lambda: opener(tmp_path)
+    place = where(request.param, request, tmp_path)
+    return lambda: opener(place)
 
 
 A = DocKey("space-a", "", "doc-1")
@@ -408,7 +426,8 @@ def test_open_store_names_what_a_store_lacks() -> None:
     ("spec", "words"),
     [
         ("sqlite:///", ["needs a path", "sqlite:///"]),
-        ("postgres://db/app", ["unknown store", "postgres://db/app", "memory", "sqlite:///"]),
+        ("mysql://db/app", ["unknown store", "mysql://db/app", "memory", "sqlite:///",
+                            "postgresql://"]),
         ("sqlite://app.db", ["unknown store", "sqlite://app.db", "sqlite:///"]),
         ("Memory", ["unknown store", "'Memory'", "memory"]),
         ("", ["unknown store", "memory"]),
@@ -419,6 +438,44 @@ def test_open_store_rejects_bad_specs_clearly(spec: str, words: list[str]) -> No
         open_store(spec)
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_open_store_a_postgres_server_it_cannot_reach_is_named_without_the_password(
+    tmp_path: Path,
+) -> None:
+    url = f"postgresql://app:s3cret-pw@/app?host={tmp_path}&port=1&connect_timeout=2"
+    with pytest.raises(StorageError) as info:
+        open_store(url)
+    message = str(info.value)
+    assert "cannot open PostgreSQL store" in message and str(tmp_path) in message
+    assert "s3cret-pw" not in message and "app:***@" in message
+    assert "s3cret-pw" not in repr(info.value.__cause__ or "")
+
+
+@pytest.mark.parametrize(("query", "words"), [
+    ("pool_size=0", ["pool_size", "1 to 100", "'0'"]),
+    ("pool_size=x", ["pool_size", "'x'"]),
+    ("prepare=maybe", ["prepare", "on or off", "PgBouncer"]),
+    ("busy_timeout=-1", ["busy_timeout", ">= 0"]),
+    ("busy_timeout=nan", ["busy_timeout"]),
+])
+def test_open_store_rejects_bad_postgres_options_clearly(query: str, words: list[str]) -> None:
+    with pytest.raises(StoreConfigError) as info:
+        open_store(f"postgresql://me:pw@localhost/db?{query}")
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+    assert ":pw@" not in str(info.value)
+
+
+def test_postgres_options_reach_the_store(pg_url: str) -> None:
+    s = open_store(f"{pg_url}&pool_size=2&prepare=off&busy_timeout=1.5")
+    try:
+        assert isinstance(s, PostgresStore)
+        assert s.options == {"pool_size": 2, "prepare": False, "busy_timeout": 1.5}
+        s.commit([Write(A, 1)])
+        assert s.load(A) == Stored(1, 1)
+    finally:
+        s.close()
 
 
 def test_the_storage_errors_are_the_runtime_errors() -> None:

@@ -1,0 +1,345 @@
+"""The change feed (``runtime.storage.feed``), on every backend that has one.
+
+Each test has a writer and a reader on one database: for memory, one store object (its
+feed is in process); for SQLite, two stores on one file; for PostgreSQL, two stores on one
+database of the run's throwaway cluster. Nothing is timed: every wait is for the batch
+itself, bounded so a lost notification fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from runtime import Runtime, cell, computed, handler, pattern
+from runtime.errors import StorageError, StoreConfigError
+from runtime.storage import (
+    RECHECK,
+    DocKey,
+    MemoryStore,
+    PostgresStore,
+    SQLiteStore,
+    Store,
+    Stored,
+    Write,
+    can_watch,
+)
+from runtime.storage import sqlite as sqlite_module
+from runtime.storage.postgres import NOTIFY_LIMIT, parse_payload, payloads
+
+pytestmark = pytest.mark.anyio
+WAIT = 10.0
+A = DocKey("feed", "", "a")
+B = DocKey("feed", "user:u", "b")
+
+
+def _memory(place: Any) -> tuple[Store, Store]:
+    s = MemoryStore()
+    return s, s
+
+
+Pair = Callable[[Any], tuple[Store, Store]]
+PAIRS: dict[str, Pair] = {
+    "memory": _memory,
+    "sqlite": lambda d: (SQLiteStore(d / "f.db"), SQLiteStore(d / "f.db", feed_interval=0.01)),
+    "postgres": lambda url: (PostgresStore(url), PostgresStore(url)),
+}
+
+
+@pytest.fixture(params=sorted(PAIRS))
+def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Store, Store]]:
+    place = request.getfixturevalue("pg_url") if request.param == "postgres" else tmp_path
+    writer, reader = PAIRS[request.param](place)
+    try:
+        yield writer, reader
+    finally:
+        writer.close()
+        reader.close()
+
+
+async def batch(feed: AsyncIterator[Any]) -> Any:
+    with anyio.fail_after(WAIT):
+        return await feed.__anext__()
+
+
+async def until(feed: AsyncIterator[Any], want: dict[DocKey, int]) -> dict[DocKey, int]:
+    """Batches merged until every key in ``want`` reached its version (a backend may split
+    one commit's keys, or join several commits, into batches as it likes)."""
+    seen: dict[DocKey, int] = {}
+    while any(seen.get(k, 0) < v for k, v in want.items()):
+        got = await batch(feed)
+        assert got is not RECHECK, "no recheck expected here"
+        for k, v in got.items():
+            seen[k] = max(seen.get(k, 0), v)
+    return seen
+
+
+async def test_every_store_has_a_feed_and_it_starts_with_a_recheck(pair: Any) -> None:
+    _, reader = pair
+    assert can_watch(reader)
+    async with reader.watch() as feed:
+        assert await batch(feed) is RECHECK
+
+
+async def test_another_writers_commit_arrives_as_keys_and_versions(pair: Any) -> None:
+    writer, reader = pair
+    async with reader.watch() as feed:
+        assert await batch(feed) is RECHECK
+        writer.commit([Write(A, {"n": 1}), Write(B, [1])])
+        assert await until(feed, {A: 1, B: 1}) == {A: 1, B: 1}
+        writer.commit([Write(A, None, expect=1, patch=((("n",), 2),))])
+        assert await until(feed, {A: 2}) == {A: 2}
+        assert reader.load_many([A, B]) == {A: Stored({"n": 2}, 2), B: Stored([1], 1)}
+
+
+async def test_commits_made_while_the_reader_is_busy_come_as_their_highest_versions(
+    pair: Any,
+) -> None:
+    writer, reader = pair
+    async with reader.watch() as feed:
+        assert await batch(feed) is RECHECK
+        writer.commit([Write(A, 0)])
+        for n in range(1, 20):
+            writer.commit([Write(A, n, expect=n)])
+        got = await until(feed, {A: 20})
+        assert got == {A: 20}
+
+
+async def test_a_failed_commit_sends_nothing(pair: Any) -> None:
+    writer, reader = pair
+    writer.commit([Write(A, "mine")])
+    async with reader.watch() as feed:
+        assert await batch(feed) is RECHECK
+        with pytest.raises(Exception, match="another writer"):
+            writer.commit([Write(B, "b", expect=0), Write(A, "theirs", expect=0)])
+        writer.commit([Write(DocKey("feed", "", "marker"), 1)])
+        got = await until(feed, {DocKey("feed", "", "marker"): 1})
+        assert A not in got and B not in got
+
+
+async def test_versions_and_load_many_read_only_what_exists(pair: Any) -> None:
+    writer, reader = pair
+    writer.commit([Write(A, {"x": [1]}), Write(A, {"x": [1, 2]})])
+    writer.commit([Write(A, None, expect=2, patch=((("x", 2), 3),))])
+    missing = DocKey("feed", "", "nope")
+    assert reader.versions([A, missing, B]) == {A: 3}
+    assert reader.load_many([missing, A]) == {A: Stored({"x": [1, 2, 3]}, 3)}
+    assert reader.versions([]) == {} and reader.load_many([]) == {}
+
+
+async def test_a_closed_store_ends_its_feed_or_refuses_it(pair: Any) -> None:
+    _, reader = pair
+    reader.close()
+    with pytest.raises(Exception, match="close"):
+        async with reader.watch():
+            pass
+
+
+# ---------------------------------------------------------------- through the runtime
+
+
+@handler
+def _bump(event: Any, count: Any) -> None:
+    count.set(count.get() + 1)
+
+
+@pattern(name="feed-counter")
+def _counter() -> dict[str, Any]:
+    count = cell(0, name="count")
+    doubled = computed(lambda: count.get() * 2, name="doubled")
+    return {"count": count, "doubled": doubled, "bump": _bump(count=count)}
+
+
+async def test_a_commit_in_one_runtime_recomputes_a_computed_in_another(pair: Any) -> None:
+    writer, reader = pair
+    async with Runtime(store=reader) as b_rt, Runtime(store=writer) as a_rt:
+        a = a_rt.run(_counter)
+        b = b_rt.run(_counter)
+        seen: list[Any] = []
+        arrived = anyio.Event()
+
+        def sink(value: Any) -> None:
+            seen.append(value)
+            if value == 6:
+                arrived.set()
+
+        b.result.key("doubled").sink(sink)
+        for _ in range(3):
+            await a.send("bump", None)
+        with anyio.fail_after(WAIT):
+            await arrived.wait()  # B committed nothing: the feed brought A's commits
+        assert b.result.key("count").get() == 3
+        assert seen[0] == 0 and seen[-1] == 6 and seen == sorted(seen)
+        await b.send("bump", None)  # and B writes on top of them, no conflict
+        assert b.result.key("count").get() == 4
+    assert a_rt.errors == [] and b_rt.errors == []
+
+
+async def test_follow_false_leaves_the_feed_alone(pair: Any) -> None:
+    writer, reader = pair
+    async with Runtime(store=reader, follow=False) as b_rt, Runtime(store=writer) as a_rt:
+        a, b = a_rt.run(_counter), b_rt.run(_counter)
+        await a.send("bump", None)
+        await a_rt.settled()
+        # no feed: B's copy moves only when B reads the store again (its next commit)
+        assert b.result.key("count").get() == 0 or isinstance(writer, MemoryStore)
+
+
+# ----------------------------------------------------------------- SQLite specifics
+
+
+async def test_sqlite_a_reader_that_fell_behind_the_kept_changes_rechecks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sqlite_module, "CHANGES_KEPT", 5)
+    monkeypatch.setattr(sqlite_module, "PRUNE_EVERY", 10)
+    writer = SQLiteStore(tmp_path / "gap.db")
+    reader = SQLiteStore(tmp_path / "gap.db", feed_interval=0.01)
+    try:
+        async with reader.watch() as feed:
+            assert await batch(feed) is RECHECK
+            for n in range(30):  # pruned twice before the reader looks
+                writer.commit([Write(A, n)])
+            assert await batch(feed) is RECHECK
+            writer.commit([Write(A, "next")])
+            assert await until(feed, {A: 31}) == {A: 31}
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_sqlite_feed_interval_is_checked(tmp_path: Path) -> None:
+    for bad in (0, -1, float("nan"), 61, "1"):
+        with pytest.raises(StoreConfigError, match="poll interval"):
+            SQLiteStore(tmp_path / "x.db", feed_interval=bad)  # type: ignore[arg-type]
+
+
+async def test_sqlite_in_memory_has_a_feed_that_only_rechecks_once() -> None:
+    s = SQLiteStore(":memory:")
+    try:
+        async with s.watch() as feed:
+            assert await batch(feed) is RECHECK
+            s.commit([Write(A, 1)])
+            with anyio.move_on_after(0.2) as waited:
+                await feed.__anext__()
+            assert waited.cancelled_caught  # one connection: nobody else can write
+    finally:
+        s.close()
+
+
+# ------------------------------------------------------------- PostgreSQL specifics
+
+
+def test_payloads_stay_under_the_limit_and_round_trip() -> None:
+    changes = {DocKey("s" * 50, f"user:{i}", "d" * 60): i for i in range(400)}
+    parts = payloads(changes)
+    assert len(parts) > 1
+    assert all(len(p.encode()) < NOTIFY_LIMIT for p in parts)
+    merged: dict[DocKey, int] = {}
+    for p in parts:
+        got = parse_payload(p)
+        assert got is not None
+        merged.update(got)
+    assert merged == changes
+
+
+def test_an_entry_too_large_for_a_notification_becomes_a_recheck() -> None:
+    assert payloads({DocKey("s", "", "x" * 9000): 1, A: 2}) == ["*"]
+    assert parse_payload("*") is RECHECK
+
+
+@pytest.mark.parametrize("hostile", [
+    "", "null", "{}", "[1]", '[["a","b","c"]]', '[["a","b","c","1"]]', '[["a","b",3,1]]',
+    '[["a","b","c",1.5]]', '[["a","b","c",true]]', "[" * 5000, "\u0000",
+])
+def test_a_payload_that_is_not_ours_is_a_recheck_never_an_error(hostile: str) -> None:
+    assert parse_payload(hostile) is RECHECK
+
+
+async def test_postgres_many_keys_arrive_split_across_notifications(pg_url: str) -> None:
+    writer, reader = PostgresStore(pg_url), PostgresStore(pg_url)
+    try:
+        keys = [DocKey("feed", f"user:{'u' * 40}{i}", "x" * 40) for i in range(300)]
+        async with reader.watch() as feed:
+            assert await batch(feed) is RECHECK
+            writer.commit([Write(k, i) for i, k in enumerate(keys)])
+            assert await until(feed, dict.fromkeys(keys, 1)) == dict.fromkeys(keys, 1)
+    finally:
+        writer.close()
+        reader.close()
+
+
+async def test_postgres_a_key_too_large_for_a_notification_reaches_readers_as_a_recheck(
+    pg_url: str,
+) -> None:
+    writer, reader = PostgresStore(pg_url), PostgresStore(pg_url)
+    try:
+        async with reader.watch() as feed:
+            assert await batch(feed) is RECHECK
+            huge = DocKey("feed", "", "k" * 9000)  # compresses into the index; not into NOTIFY
+            writer.commit([Write(huge, 1), Write(A, 1)])
+            assert await batch(feed) is RECHECK
+            assert reader.versions([huge, A]) == {huge: 1, A: 1}
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_postgres_a_key_too_long_for_the_index_is_named(pg_url: str) -> None:
+    s = PostgresStore(pg_url)
+    try:
+        random_text = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(3000))
+        with pytest.raises(StorageError, match="key is too long") as info:
+            s.commit([Write(A, 1), Write(DocKey("feed", "", random_text), 1)])
+        assert "nothing was committed" in str(info.value)
+        assert s.load(A) is None
+    finally:
+        s.close()
+
+
+async def test_postgres_garbage_on_the_channel_is_a_recheck(pg_url: str) -> None:
+    reader = PostgresStore(pg_url)
+    try:
+        async with reader.watch() as feed:
+            assert await batch(feed) is RECHECK
+            with psycopg.connect(pg_url, autocommit=True) as other:
+                other.execute("SELECT pg_notify('celldialog', %s)",
+                              (json.dumps([["a", "b"]]),))
+            assert await batch(feed) is RECHECK
+    finally:
+        reader.close()
+
+
+async def test_postgres_the_feed_reconnects_and_rechecks_after_its_connection_dies(
+    pg_url: str, pg_cluster: Any,
+) -> None:
+    writer, reader = PostgresStore(pg_url), PostgresStore(pg_url)
+    try:
+        async with reader.watch() as feed:
+            assert await batch(feed) is RECHECK
+            dbname = pg_url.split("/")[-1].split("?")[0]
+            pg_cluster.kill_connections(dbname)  # every connection of the database
+            assert await batch(feed) is RECHECK  # NOTIFY is not durable: compare all
+            writer.commit([Write(A, 1)])  # the store's pool found its connection dead too
+            assert await until(feed, {A: 1}) == {A: 1}
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_postgres_a_key_with_nul_is_refused_by_name_and_never_found(pg_url: str) -> None:
+    s = PostgresStore(pg_url)
+    try:
+        bad = DocKey("feed", "user:a\x00b", "doc")
+        with pytest.raises(StoreConfigError, match="NUL"):
+            s.commit([Write(A, 1), Write(bad, 1)])
+        assert s.load(A) is None and s.load(bad) is None
+        assert s.versions([bad]) == {} and list(s.keys("a\x00")) == []
+    finally:
+        s.close()
