@@ -438,7 +438,9 @@ class _Chat:
         out.print(f"model: [bold]{self.choice.label}[/] ({self.choice.why})", soft_wrap=True)
         if self.choice.model.provider == "local":
             out.print(f"[dim]{LOCAL_NOTE}[/]", soft_wrap=True)
-        where = self.url.removeprefix("sqlite:///")
+        from ..storage import redact
+
+        where = redact(self.url).removeprefix("sqlite:///")  # a database password never shows
         out.print(f"store: {where} · user {self.user} · session {self.session}",
                   soft_wrap=True, markup=False)
         history = surface.messages.get() or []

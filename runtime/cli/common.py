@@ -60,15 +60,19 @@ def default_store() -> str:
 
 
 def store_url(value: str | None, default: str) -> str:
-    """``--store``: ``memory``, ``sqlite:///path`` or a bare path to a SQLite file."""
+    """``--store``: ``memory``, ``sqlite:///path``, a bare path to a SQLite file, or a
+    ``postgresql://`` URL (several processes, or machines, on one database)."""
     if value is None:
         return default
     value = value.strip()
-    if value == "memory" or value.startswith("sqlite:///"):
+    if value == "memory" or value.startswith(("sqlite:///", "postgresql://", "postgres://")):
         return value
     if "://" in value or not value:
+        from ..storage import redact
+
         raise UsageProblem(
-            f"unknown store {value!r}: use 'memory', 'sqlite:///path/to/file.db' or a path")
+            f"unknown store {redact(value)!r}: use 'memory', 'sqlite:///path/to/file.db', "
+            f"a path, or 'postgresql://user@host/dbname'")
     return f"sqlite:///{Path(value).expanduser()}"
 
 
@@ -99,7 +103,8 @@ def model_option(fn: F) -> F:
 def store_option(default: str) -> Callable[[F], F]:
     """``--store``, with what it defaults to (``default`` completes the help)."""
     return click.option("--store", default=None, metavar="URL",
-                        help=f"sqlite:///path.db, a path, or memory (default: {default}).")
+                        help=f"sqlite:///path.db, a path, postgresql://user@host/db, or memory "
+                        f"(default: {default}).")
 
 
 def scope_options(fn: F) -> F:

@@ -8,7 +8,10 @@ Our own options ride in the same query string and are taken out before libpq see
 - ``prepare=off``: no server-side prepared statements, for PgBouncer in transaction mode
   (its older versions cannot route them); on by default;
 - ``busy_timeout`` (seconds, default 5): how long a commit waits for a row another
-  transaction has locked (``lock_timeout``) before ``StoreBusyError``.
+  transaction has locked (``lock_timeout``) before ``StoreBusyError``;
+- ``listen_url`` (a percent-encoded libpq URL): where the change feed's ``LISTEN``
+  connection goes when the store's own URL is a pooler in transaction mode, which cannot
+  carry a ``LISTEN`` (PgBouncer's session port, or the server itself). Default: the URL.
 
 Tables (created on first open, under an advisory lock so processes starting together do not
 race): ``celldialog_docs`` has one row per document: its current version, a base value and
@@ -71,7 +74,7 @@ DEFAULT_POOL_SIZE = 4
 DEFAULT_BUSY_TIMEOUT = 5.0
 MAX_IDLE = 300.0  # seconds before an idle pooled connection is closed
 KEYS_PER_QUERY = 1000
-_OPTIONS = ("pool_size", "prepare", "busy_timeout")
+_OPTIONS = ("pool_size", "prepare", "busy_timeout", "listen_url")
 _KEEPALIVE = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
               "keepalives_count": "3"}
 
@@ -194,7 +197,9 @@ def redact(url: str) -> str:
         if ":" in auth:
             auth = auth.split(":", 1)[0] + ":***"
         netloc = f"{auth}@{host}"
-    query = re.sub(r"(?i)(^|&)(password)=[^&]*", r"\1\2=***", parts.query)
+    query = re.sub(r"(?i)(^|&)([^=&]*password)=[^&]*", r"\1\2=***", parts.query)
+    if netloc == parts.netloc and query == parts.query:
+        return url  # nothing secret in it: as given
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
@@ -217,14 +222,20 @@ def parse_url(url: str) -> tuple[str, dict[str, Any]]:
     """The libpq URL without our options, and our options, checked."""
     parts = urlsplit(url)
     ours: dict[str, Any] = {"pool_size": DEFAULT_POOL_SIZE, "prepare": True,
-                            "busy_timeout": DEFAULT_BUSY_TIMEOUT}
+                            "busy_timeout": DEFAULT_BUSY_TIMEOUT, "listen_url": None}
     rest: list[tuple[str, str]] = []
     for name, text in parse_qsl(parts.query, keep_blank_values=True):
         if name not in _OPTIONS:
             rest.append((name, text))
             continue
         shown = redact(url)
-        if name == "pool_size":
+        if name == "listen_url":
+            if not text.startswith(("postgresql://", "postgres://")):
+                raise StoreConfigError(f"listen_url in store {shown!r} is a libpq URL "
+                                       f"(percent-encoded), 'postgresql://...'; got "
+                                       f"{redact(text)!r}")
+            ours[name] = parse_url(text)[0]
+        elif name == "pool_size":
             if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 100):
                 raise StoreConfigError(f"pool_size in store {shown!r} is the number of "
                                        f"pooled connections, 1 to 100; got {text!r}")
@@ -253,7 +264,7 @@ def parse_url(url: str) -> tuple[str, dict[str, Any]]:
 
 class PostgresStore:
     def __init__(self, url: str, *, pool_size: int | None = None, prepare: bool | None = None,
-                 busy_timeout: float | None = None) -> None:
+                 busy_timeout: float | None = None, listen_url: str | None = None) -> None:
         psycopg = _psycopg()
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise StoreConfigError("a PostgreSQL store takes a libpq URL: "
@@ -266,6 +277,9 @@ class PostgresStore:
             options["prepare"] = prepare
         if busy_timeout is not None:
             options["busy_timeout"] = busy_timeout
+        if listen_url is not None:
+            options["listen_url"] = parse_url(listen_url)[0]
+        self._listen = options.pop("listen_url") or self._conninfo
         self.options = options
         self._psycopg = psycopg
         self._cache: OrderedDict[DocKey, tuple[int, Any]] = OrderedDict()
@@ -397,7 +411,7 @@ class PostgresStore:
     async def watch(self) -> AsyncIterator[AsyncIterator[Changes | None]]:
         """Follow the ``celldialog`` channel on a connection of its own (see the module)."""
         self._check_open("watch()")
-        listener = _Listener(self._psycopg, self._conninfo, self.url)
+        listener = _Listener(self._psycopg, self._listen, redact(self._listen))
         try:
             yield listener
         finally:

@@ -343,3 +343,28 @@ def test_postgres_a_key_with_nul_is_refused_by_name_and_never_found(pg_url: str)
         assert s.versions([bad]) == {} and list(s.keys("a\x00")) == []
     finally:
         s.close()
+
+
+async def test_postgres_the_feed_can_listen_on_another_route(pg_url: str, pg_cluster: Any) -> None:
+    """A store whose URL is a transaction-mode pooler listens through ``listen_url``: here
+    the same database over TCP while the store itself uses the socket."""
+    from urllib.parse import quote
+
+    dbname = pg_url.split("/")[-1].split("?")[0]
+    tcp = pg_cluster.tcp_url.rsplit("/", 1)[0] + "/" + dbname
+    writer = PostgresStore(pg_url)
+    reader = PostgresStore(f"{pg_url}&listen_url={quote(tcp, safe='')}")
+    try:
+        assert reader._listen.startswith(tcp)
+        async with reader.watch() as feed:
+            assert await batch(feed) is RECHECK
+            writer.commit([Write(A, 1)])
+            assert await until(feed, {A: 1}) == {A: 1}
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_postgres_a_listen_url_that_is_not_one_is_refused() -> None:
+    with pytest.raises(StoreConfigError, match="listen_url.*libpq URL"):
+        PostgresStore("postgresql://me:pw@localhost/db?listen_url=redis%3A%2F%2Fx")
