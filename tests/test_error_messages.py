@@ -559,7 +559,9 @@ async def test_update_and_push_on_the_wrong_shape_are_named():
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
-        ("postgres://db/app", ["unknown store 'postgres://db/app'", "memory", "sqlite:///"]),
+        ("mongodb://db/app", ["unknown store 'mongodb://db/app'", "memory", "sqlite:///",
+                              "postgresql://"]),
+        ("postgresql://me:pw@db/app?pool_size=0", ["pool_size", "1 to 100", "me:***@"]),
         ("sqlite:///", ["needs a path"]),
         ("sqlite:/app.db", ["unknown store", "sqlite:///path"]),
     ],
