@@ -306,6 +306,10 @@ class _DialogNode:
     def _on_add(self, event: Any) -> None:
         message = user_message(event)
         rt = self._rt = current_runtime()
+        # this copy may be a moment behind another process's start or end of a turn (the
+        # change feed is on its way): accept or drop on the store's word, read before this
+        # transaction reads the turn (a read after it would only make its commit conflict)
+        self.state.refresh(rt, pending=True)
         if self.state.pending.get():
             if self._owner_alive(rt):
                 # as in CommonTools' llmDialog: a message while a turn runs is ignored; counted

@@ -87,12 +87,8 @@ class TurnState:
         """Read the turn (and ``pending``) again from the store: what another process wrote
         since this one last read them (outside a transaction, or before the transaction
         reads them)."""
-        keys = [self.turn.doc_key, self.pending.doc_key] if pending else [self.turn.doc_key]
-        docs = rt.docs
-        stale = [k for k in keys if (stored := rt.store.load(k)) is not None
-                 and stored.version != docs.doc(k).version]
-        if stale:  # the common case is that nobody else wrote: nothing to catch up
-            docs.reload(stale)
+        rt.docs.refresh([self.turn.doc_key, self.pending.doc_key] if pending
+                        else [self.turn.doc_key])
 
     def holder_alive(self, rt: Runtime) -> bool:
         """Is the process that owns the pending turn alive (its lease unexpired)? A turn

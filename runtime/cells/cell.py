@@ -231,6 +231,12 @@ class Cell:
         """``value`` as plain JSON to write at ``path`` of ``key`` (see ``accept_json``)."""
         return accept_json(self._docs, value, where, key, path, self._docs.doc(key).schema)
 
+    def refresh(self) -> None:
+        """Read this cell's document again from the store now, not waiting for the change
+        feed: for a decision that must not rest on a copy another process may have moved
+        ahead a moment ago (is this session still listed? is that turn still running?)."""
+        self._docs.refresh([self.resolve().doc_key])
+
     # -- observing -------------------------------------------------------------------
 
     def sink(self, callback: Callable[[Any], Any]) -> Callable[[], None]:

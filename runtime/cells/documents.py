@@ -37,6 +37,7 @@ from ..errors import (
     PathError,
     ReadOnlyError,
     SchemaError,
+    StorageError,
 )
 from ..storage import DocKey, Store, Write
 from . import signals
@@ -145,6 +146,8 @@ class Documents:
         self.closed = False
         self.notify_queue: deque[list[Change]] = deque()  # commits not yet told to listeners
         self.applying = 0  # commits applying to the kernel now (nested when a sink writes)
+        # documents the store could not read at a version the feed announced: not again
+        self._unreadable: dict[DocKey, int] = {}
 
     def notify(self) -> None:
         """Tell listeners of the queued commits, oldest first."""
@@ -247,9 +250,12 @@ class Documents:
         """Take what other writers committed (a change feed's batch: ``{key: version}``,
         or None to compare every version held) into the documents loaded here: those
         behind are fetched in one read and set in one kernel batch, so computeds recompute
-        once and sinks fire once. Documents not loaded are left to load when read. Between
-        transactions: a transaction that read one of them conflicts at its commit, as it
-        would had the other writer been a task here. Returns how many were updated."""
+        once and sinks fire once. Documents not loaded are left to load when read. It runs
+        between other tasks' steps: a transaction that read one of them before conflicts
+        at its commit, as it would had the other writer been a task here.
+
+        A document the store cannot read (damaged) is reported once per version and left
+        as it was; the others still catch up. Returns how many were updated."""
         if self.closed:
             return 0
         docs = self._docs
@@ -257,10 +263,48 @@ class Documents:
             changed = self.store.versions(  # type: ignore[attr-defined]
                 [k for k, d in docs.items() if not d.derived])
         stale = [k for k, v in changed.items()
-                 if (d := docs.get(k)) is not None and not d.derived and d.version < v]
+                 if (d := docs.get(k)) is not None and not d.derived and d.version < v
+                 and self._unreadable.get(k) != v]
         if not stale:
             return 0
-        fresh = self.store.load_many(stale)  # type: ignore[attr-defined]
+        try:
+            fresh = self.store.load_many(stale)  # type: ignore[attr-defined]
+        except StorageError:
+            fresh = self._load_each(stale, changed)
+        return self.take(fresh)
+
+    def _load_each(self, keys: list[DocKey], changed: Mapping[DocKey, int]) -> dict[DocKey, Any]:
+        """One read per key, after a batch read failed: one damaged document must not keep
+        the rest of the batch from catching up."""
+        fresh: dict[DocKey, Any] = {}
+        for key in keys:
+            try:
+                stored = self.store.load(key)
+            except StorageError as e:
+                self._unreadable[key] = changed[key]
+                self.report(e, f"reading {key.id!r} after another writer's commit")
+                continue
+            if stored is not None:
+                fresh[key] = stored
+        return fresh
+
+    def refresh(self, keys: list[DocKey]) -> int:
+        """Read ``keys`` again from the store now, not waiting for the change feed (a
+        decision that must not rest on a copy another process may have moved ahead)."""
+        fresh: dict[DocKey, Any] = {}
+        for key in keys:
+            doc = self._docs.get(key)
+            if doc is None or doc.derived:
+                continue
+            stored = self.store.load(key)
+            if stored is not None and stored.version > doc.version:
+                fresh[key] = stored
+        return self.take(fresh) if fresh else 0
+
+    def take(self, fresh: Mapping[DocKey, Any]) -> int:
+        """Set the loaded documents that are behind ``fresh`` (``Stored`` values, read from
+        the store), in one kernel batch; listeners run after, as after a commit."""
+        docs = self._docs
         n = 0
         self.applying += 1
         try:

@@ -172,6 +172,8 @@ class Runtime:
                         self._poke()
                 return  # the store closed
             except StoreClosedError:
+                if not started:
+                    task_status.started()
                 return
             except Exception as e:
                 self.docs.report(e, "following the store's change feed")

@@ -41,12 +41,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
+import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
 
@@ -59,25 +59,27 @@ from .base import (
     check_lease_holder,
     check_lease_ttl,
 )
-from .feed import RECHECK, Changes, merge
+from .feed import Changes
 from .patch import MISSING, apply_patch, conflict, copy_value, describe
+from .pg_feed import CHANNEL, Listener, payloads
+from .pg_url import (
+    check_busy_timeout,
+    check_listen_url,
+    check_pool_size,
+    parse_url,
+    redact,
+    scrub,
+    secrets_of,
+)
 
-__all__ = ["CHANNEL", "NOTIFY_LIMIT", "PostgresStore", "redact"]
+__all__ = ["PostgresStore"]
 
 log = logging.getLogger("celldialog.postgres")
 T = TypeVar("T")
 
-CHANNEL = "celldialog"
-NOTIFY_LIMIT = 7900  # bytes of one notification's payload (PostgreSQL's limit is 8,000)
 CACHED_DOCS = 256  # documents whose current value is kept to check patches against
-DEFAULT_POOL_SIZE = 4
-DEFAULT_BUSY_TIMEOUT = 5.0
 MAX_IDLE = 300.0  # seconds before an idle pooled connection is closed
 KEYS_PER_QUERY = 1000
-_OPTIONS = ("pool_size", "prepare", "busy_timeout", "listen_url")
-_KEEPALIVE = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
-              "keepalives_count": "3"}
-
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS celldialog_docs (
     space        text   NOT NULL,
@@ -185,24 +187,6 @@ def _psycopg() -> Any:
     return psycopg
 
 
-def redact(url: str) -> str:
-    """``url`` with its password (in the authority or the query) shown as ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<a PostgreSQL URL that cannot be parsed>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        auth, _, host = netloc.rpartition("@")
-        if ":" in auth:
-            auth = auth.split(":", 1)[0] + ":***"
-        netloc = f"{auth}@{host}"
-    query = re.sub(r"(?i)(^|&)([^=&]*password)=[^&]*", r"\1\2=***", parts.query)
-    if netloc == parts.netloc and query == parts.query:
-        return url  # nothing secret in it: as given
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
 def _dumps(key: DocKey, value: Any) -> str:
     try:
         return json.dumps(value, separators=(",", ":"))
@@ -218,51 +202,10 @@ def _columns(keys: Sequence[DocKey]) -> tuple[list[str], list[str], list[str]]:
     return [k.space for k in keys], [k.scope for k in keys], [k.id for k in keys]
 
 
-def parse_url(url: str) -> tuple[str, dict[str, Any]]:
-    """The libpq URL without our options, and our options, checked."""
-    parts = urlsplit(url)
-    ours: dict[str, Any] = {"pool_size": DEFAULT_POOL_SIZE, "prepare": True,
-                            "busy_timeout": DEFAULT_BUSY_TIMEOUT, "listen_url": None}
-    rest: list[tuple[str, str]] = []
-    for name, text in parse_qsl(parts.query, keep_blank_values=True):
-        if name not in _OPTIONS:
-            rest.append((name, text))
-            continue
-        shown = redact(url)
-        if name == "listen_url":
-            if not text.startswith(("postgresql://", "postgres://")):
-                raise StoreConfigError(f"listen_url in store {shown!r} is a libpq URL "
-                                       f"(percent-encoded), 'postgresql://...'; got "
-                                       f"{redact(text)!r}")
-            ours[name] = parse_url(text)[0]
-        elif name == "pool_size":
-            if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 100):
-                raise StoreConfigError(f"pool_size in store {shown!r} is the number of "
-                                       f"pooled connections, 1 to 100; got {text!r}")
-            ours[name] = int(text)
-        elif name == "prepare":
-            if text.lower() not in ("on", "off", "true", "false", "1", "0"):
-                raise StoreConfigError(f"prepare in store {shown!r} is on or off (off for "
-                                       f"PgBouncer in transaction mode); got {text!r}")
-            ours[name] = text.lower() in ("on", "true", "1")
-        else:
-            try:
-                seconds = float(text)
-            except ValueError:
-                seconds = -1.0
-            if not 0 <= seconds < math.inf:
-                raise StoreConfigError(f"busy_timeout in store {shown!r} is the seconds to "
-                                       f"wait for a locked row, a number >= 0; got {text!r}")
-            ours[name] = seconds
-    host = dict(rest).get("host", parts.hostname or "")
-    if not host.startswith("/"):  # TCP: keepalives, unless the URL says otherwise
-        have = {n for n, _ in rest}
-        rest += [(n, v) for n, v in _KEEPALIVE.items() if n not in have]
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest),
-                       parts.fragment)), ours
-
-
 class PostgresStore:
+    """The store port on PostgreSQL (see the module). ``url`` is a libpq URL with our
+    options in its query; the keyword arguments, when given, override those."""
+
     def __init__(self, url: str, *, pool_size: int | None = None, prepare: bool | None = None,
                  busy_timeout: float | None = None, listen_url: str | None = None) -> None:
         psycopg = _psycopg()
@@ -270,72 +213,83 @@ class PostgresStore:
             raise StoreConfigError("a PostgreSQL store takes a libpq URL: "
                                    "'postgresql://user@host:5432/dbname'")
         self.url = redact(url)
+        self._secrets = secrets_of(url)
         self._conninfo, options = parse_url(url)
         if pool_size is not None:
-            options["pool_size"] = pool_size
+            options = replace(options, pool_size=check_pool_size(pool_size, "(argument)"))
         if prepare is not None:
-            options["prepare"] = prepare
+            if not isinstance(prepare, bool):
+                raise StoreConfigError(f"prepare is True or False; got {prepare!r}")
+            options = replace(options, prepare=prepare)
         if busy_timeout is not None:
-            options["busy_timeout"] = busy_timeout
+            options = replace(options, busy_timeout=check_busy_timeout(busy_timeout,
+                                                                       "(argument)"))
         if listen_url is not None:
-            options["listen_url"] = parse_url(listen_url)[0]
-        self._listen = options.pop("listen_url") or self._conninfo
+            if not isinstance(listen_url, str):
+                raise StoreConfigError(f"listen_url is a libpq URL; got {type(listen_url)}")
+            self._secrets = sorted({*self._secrets, *secrets_of(listen_url)}, key=len,
+                                   reverse=True)
+            options = replace(options, listen_url=check_listen_url(listen_url, "(argument)"))
         self.options = options
+        self._listen = options.listen_url or self._conninfo
+        # lock_timeout 0 is "wait forever" to PostgreSQL; ours means "do not wait"
+        self._lock_ms = max(1, math.ceil(options.busy_timeout * 1000))
         self._psycopg = psycopg
         self._cache: OrderedDict[DocKey, tuple[int, Any]] = OrderedDict()
+        self._cache_lock = threading.Lock()  # threads may share a store (and its pool)
         self._closed = False
         self._kwargs: dict[str, Any] = {
-            "autocommit": True, "prepare_threshold": 5 if options["prepare"] else None}
+            "autocommit": True, "prepare_threshold": 5 if options.prepare else None}
         try:
             with psycopg.connect(self._conninfo, **self._kwargs) as conn:
                 self._migrate(conn)
         except psycopg.Error as e:
-            raise StorageError(f"cannot open PostgreSQL store {self.url}: {_why(e)}") from e
+            raise self._opening(e) from None
         from psycopg_pool import ConnectionPool
 
         self._pool = ConnectionPool(
-            self._conninfo, kwargs=self._kwargs, min_size=1,
-            max_size=options["pool_size"], configure=self._configure, open=False,
-            name="celldialog", max_idle=MAX_IDLE, timeout=30.0, num_workers=1)
+            self._conninfo, kwargs=self._kwargs, min_size=1, max_size=options.pool_size,
+            configure=self._configure, open=False, name="celldialog", max_idle=MAX_IDLE,
+            timeout=30.0, num_workers=1)
         try:
             self._pool.open(wait=True, timeout=30.0)
         except Exception as e:
             self._pool.close()
-            raise StorageError(f"cannot open PostgreSQL store {self.url}: {e}") from e
+            raise StorageError(f"cannot open PostgreSQL store {self.url}: "
+                               f"{self._why(e)}") from None
 
     # -- the port ---------------------------------------------------------------------
 
     def load(self, key: DocKey) -> Stored | None:
+        """The document's value and version, or None (a key PostgreSQL cannot hold, one
+        with NUL, is never found)."""
         self._check_open("load()")
         if _has_nul(key):
-            return None  # PostgreSQL text cannot hold NUL: no such document can exist
+            return None
         found = self._run("load()", lambda conn: self._read(conn, key))
         return Stored(*found) if found else None
 
     def commit(self, writes: Sequence[Write]) -> dict[DocKey, int]:
+        """Every write or none, in one transaction (see the module)."""
         self._check_open("commit()")
         if not writes:
             return {}
-        plan = self._plan(writes)
-        touched = [step[1].key for step in plan if step[0] == "patch"]
-        try:
-            versions = self._run("commit()", lambda conn: self._commit(conn, plan),
-                                 retry=False)
-        except BaseException:
-            for key in touched:  # patched in place: no longer what the database holds
-                self._cache.pop(key, None)
-            raise
-        for kind, w, _, value in plan:
-            if kind == "patch":
-                self._cache[w.key] = (versions[w.key], value)
-                self._cache.move_to_end(w.key)
-            else:
-                self._cache.pop(w.key, None)
-        while len(self._cache) > CACHED_DOCS:
-            self._cache.popitem(last=False)
+        plan = self._plan(writes)  # values it took from the cache stay out if this fails
+        versions = self._run("commit()", lambda conn: self._commit(conn, plan), retry=False)
+        with self._cache_lock:
+            cache = self._cache
+            for step in plan:
+                if step.kind == "patch":
+                    cache[step.write.key] = (versions[step.write.key], step.value)
+                    cache.move_to_end(step.write.key)
+                else:
+                    cache.pop(step.write.key, None)
+            while len(cache) > CACHED_DOCS:
+                cache.popitem(last=False)
         return versions
 
     def keys(self, space: str) -> Iterable[DocKey]:
+        """Every document key in ``space``."""
         self._check_open("keys()")
         if "\x00" in space:
             return []
@@ -345,6 +299,7 @@ class PostgresStore:
         return [DocKey(*r) for r in rows]
 
     def renew_lease(self, holder: str, ttl: float) -> bool:
+        """The lease contract (``runtime.storage.base``), on the server's clock."""
         self._check_open("renew_lease()")
         check_lease_holder(holder, "renew_lease()")
         check_lease_ttl(ttl, "renew_lease()")
@@ -352,6 +307,7 @@ class PostgresStore:
             _RENEW, (holder, float(ttl))).rowcount == 1)
 
     def lease_remaining(self, holder: str) -> float | None:
+        """Seconds left on the server's clock; None: no such lease."""
         self._check_open("lease_remaining()")
         check_lease_holder(holder, "lease_remaining()")
         row = self._run("lease_remaining()", lambda conn: conn.execute(
@@ -359,16 +315,19 @@ class PostgresStore:
         return None if row is None else float(row[0])
 
     def release_lease(self, holder: str) -> None:
+        """Drop the lease (and those expired an hour ago)."""
         self._check_open("release_lease()")
         check_lease_holder(holder, "release_lease()")
         self._run("release_lease()", lambda conn: conn.execute(
             _RELEASE, (holder, LEASE_COLLECT_AFTER)))
 
     def close(self) -> None:
+        """Close the pool; feeds still open end at their next batch."""
         if self._closed:
             return
         self._closed = True
-        self._cache.clear()
+        with self._cache_lock:
+            self._cache.clear()
         self._pool.close()
 
     def __repr__(self) -> str:
@@ -377,22 +336,24 @@ class PostgresStore:
     # -- the change feed (runtime.storage.feed) -----------------------------------------
 
     def versions(self, keys: Sequence[DocKey]) -> dict[DocKey, int]:
+        """The current version of each key that exists (a query per 1,000 keys)."""
         self._check_open("versions()")
         out: dict[DocKey, int] = {}
-        keys = [k for k in keys if not _has_nul(k)]
-        for i in range(0, len(keys), KEYS_PER_QUERY):
-            chunk = keys[i:i + KEYS_PER_QUERY]
+        todo = list(dict.fromkeys(k for k in keys if not _has_nul(k)))
+        for i in range(0, len(todo), KEYS_PER_QUERY):
+            chunk = todo[i:i + KEYS_PER_QUERY]
             rows = self._run("versions()", lambda conn, c=chunk: conn.execute(
                 _VERSIONS, _columns(c)).fetchall())
             out.update((DocKey(s, sc, i_), v) for s, sc, i_, v in rows)
         return out
 
     def load_many(self, keys: Sequence[DocKey]) -> dict[DocKey, Stored]:
+        """The value and version of each key that exists (a query per 1,000 keys)."""
         self._check_open("load_many()")
         out: dict[DocKey, Stored] = {}
-        keys = [k for k in keys if not _has_nul(k)]
-        for i in range(0, len(keys), KEYS_PER_QUERY):
-            chunk = keys[i:i + KEYS_PER_QUERY]
+        todo = list(dict.fromkeys(k for k in keys if not _has_nul(k)))
+        for i in range(0, len(todo), KEYS_PER_QUERY):
+            chunk = todo[i:i + KEYS_PER_QUERY]
             rows = self._run("load_many()", lambda conn, c=chunk: conn.execute(
                 _LOAD_MANY, _columns(c)).fetchall())
             current: DocKey | None = None
@@ -409,9 +370,9 @@ class PostgresStore:
 
     @asynccontextmanager
     async def watch(self) -> AsyncIterator[AsyncIterator[Changes | None]]:
-        """Follow the ``celldialog`` channel on a connection of its own (see the module)."""
+        """Follow the ``celldialog`` channel on a connection of its own (``pg_feed``)."""
         self._check_open("watch()")
-        listener = _Listener(self._psycopg, self._listen, redact(self._listen))
+        listener = Listener(self._psycopg, self._listen, lambda: self._closed)
         try:
             yield listener
         finally:
@@ -421,7 +382,8 @@ class PostgresStore:
     # -- connections --------------------------------------------------------------------
 
     def _configure(self, conn: Any) -> None:
-        conn.execute(f"SET lock_timeout = {int(self.options['busy_timeout'] * 1000)}")
+        if self.options.prepare:  # a connection of its own (no transaction pooler)
+            conn.execute(f"SET lock_timeout = {self._lock_ms}")
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -430,11 +392,18 @@ class PostgresStore:
                 f"(PostgresStore(url) or open_store('postgresql://...'))"
             )
 
+    def _why(self, e: BaseException) -> str:
+        """A driver's message, on one line, without the URL's passwords."""
+        return scrub(" ".join(str(e).split()) or type(e).__name__, self._secrets)
+
+    def _opening(self, e: BaseException) -> StorageError:
+        return StorageError(f"cannot open PostgreSQL store {self.url}: {self._why(e)}")
+
     def _run(self, what: str, op: Callable[[Any], T], *, retry: bool = True) -> T:
-        """``op(conn)`` on a pooled connection; a connection found dead is retried once on
-        a new one when ``op`` is safe to repeat (a read, or a commit that never reached
-        ``COMMIT``: ``_commit`` raises ``_Unsent`` for that). Driver errors come out as
-        ``StorageError``."""
+        """``op(conn)`` on a pooled connection. A connection found dead is retried once, on
+        a connection the pool has just checked, when ``op`` is safe to repeat (a read, or a
+        commit that never reached ``COMMIT``: ``_commit`` raises ``_Unsent`` then). Driver
+        errors come out as ``StorageError``."""
         psycopg = self._psycopg
         for attempt in (1, 2):
             try:
@@ -442,39 +411,54 @@ class PostgresStore:
                     return op(conn)
             except _Unsent as e:
                 if attempt == 2:
-                    raise self._error(what, e.error) from e.error
-                log.info("PostgreSQL store %s: %s found its connection dead; retrying on a "
-                         "new one: %s", self.url, what, e.error)
+                    raise self._error(what, e.error) from None
+                self._dead(what, e.error)
             except psycopg.OperationalError as e:
                 if not retry or attempt == 2 or not _is_disconnect(e):
-                    raise self._error(what, e) from e
-                log.info("PostgreSQL store %s: %s found its connection dead; retrying on a "
-                         "new one: %s", self.url, what, e)
+                    raise self._error(what, e) from None
+                self._dead(what, e)
             except psycopg.Error as e:
-                raise self._error(what, e) from e
+                raise self._error(what, e) from None
             except StorageError:
                 raise
             except Exception as e:  # the pool's own (PoolTimeout, PoolClosed)
                 if self._closed:
                     raise StoreClosedError(f"{what} on PostgreSQL store {self.url} after "
-                                           f"close()") from e
-                raise StorageError(f"PostgreSQL store {self.url}: {what} failed: {e}") from e
+                                           f"close()") from None
+                raise StorageError(f"PostgreSQL store {self.url}: {what} failed: "
+                                   f"{self._why(e)}") from None
         raise AssertionError("unreachable")
+
+    def _dead(self, what: str, e: BaseException) -> None:
+        """A connection died (a restart, a failover, an idle one killed): its idle siblings
+        likely did too; the pool checks them all before the retry takes one."""
+        log.info("PostgreSQL store %s: %s found its connection dead; retrying on a checked "
+                 "one: %s", self.url, what, self._why(e))
+        try:
+            self._pool.check()
+        except Exception:  # the retry reports what is wrong
+            pass
 
     def _error(self, what: str, e: BaseException) -> StorageError:
         errors = self._psycopg.errors
         if isinstance(e, errors.LockNotAvailable):
             return StoreBusyError(
                 f"PostgreSQL store {self.url}: {what} waited "
-                f"{self.options['busy_timeout']:g} s (busy_timeout) for a row another "
+                f"{self.options.busy_timeout:g} s (busy_timeout) for a row another "
                 f"transaction holds; nothing was committed. Retry later, or wait longer: "
                 f"'postgresql://...?busy_timeout=30'")
         if isinstance(e, errors.ProgramLimitExceeded):
+            if "notif" in str(e).lower():
+                return StorageError(
+                    f"PostgreSQL store {self.url}: {what} failed: the server's NOTIFY queue "
+                    f"is full (a listening process stopped reading: find it with "
+                    f"pg_notification_queue_usage() and pg_stat_activity); nothing was "
+                    f"committed ({self._why(e)})")
             return StorageError(
                 f"PostgreSQL store {self.url}: {what} failed: a document's key is too long "
                 f"for PostgreSQL's index (space, scope and id together must stay under about "
-                f"2,700 bytes); nothing was committed ({_why(e)})")
-        return StorageError(f"PostgreSQL store {self.url}: {what} failed: {_why(e)}")
+                f"2,700 bytes); nothing was committed ({self._why(e)})")
+        return StorageError(f"PostgreSQL store {self.url}: {what} failed: {self._why(e)}")
 
     def _migrate(self, conn: Any) -> None:
         """Create the tables a database lacks, once, under an advisory lock."""
@@ -512,13 +496,14 @@ class PostgresStore:
 
     # -- writing -----------------------------------------------------------------------
 
-    def _plan(self, writes: Sequence[Write]) -> list[tuple[str, Write, str, Any]]:
-        """Each write as ``(kind, write, text, value)``, serialised and checked before the
-        transaction: ``put`` a whole value (``text``), ``patch`` (``text`` the patch,
-        ``value`` the document after it, for the cache). In key order (the order of one
-        key's writes kept), so concurrent commits lock rows in one order."""
-        plan: list[tuple[str, Write, str, Any]] = []
-        state: dict[DocKey, tuple[int, Any]] = {}  # this commit's view of patched keys
+    def _plan(self, writes: Sequence[Write]) -> list[_Step]:
+        """The writes as steps, serialised and checked before the transaction, in key order
+        (one key's writes in their order), so concurrent commits lock rows in one order.
+        A patch is checked against the value it applies to, taken out of the cache (this
+        commit owns it: another thread never patches the same object) or read."""
+        plan: list[_Step] = []
+        state: dict[DocKey, tuple[int | None, Any]] = {}  # this commit's view of each key
+        last: dict[DocKey, _Step] = {}  # each key's latest patch step in this commit
         undo: list[Callable[[], None]] = []
         ordered = sorted(writes, key=lambda w: w.key)
         try:
@@ -526,64 +511,81 @@ class PostgresStore:
                 key = w.key
                 if _has_nul(key):
                     raise StoreConfigError(
-                        f"cannot store {describe(key)!r}: PostgreSQL text cannot hold the "
-                        f"NUL character (\\x00); use keys without it")
+                        f"cannot store {describe(key)}: PostgreSQL text cannot hold the NUL "
+                        f"character (\\x00); use keys without it")
+                nxt = ordered[i + 1] if i + 1 < len(ordered) else None
+                again = nxt is not None and nxt.key == key  # written again in this commit
                 if w.patch is None:
-                    state.pop(key, None)
-                    plan.append(("put", w, _dumps(key, w.value), None))
-                    nxt = ordered[i + 1] if i + 1 < len(ordered) else None
-                    if nxt is not None and nxt.key == key and nxt.patch is not None:
-                        # patched next in this commit: its base is this value (a version
-                        # unknown before the write when expect is None: the SQL checks it)
+                    plan.append(_Step("put", w, _dumps(key, w.value)))
+                    last.pop(key, None)
+                    if again:  # its base (a version unknown before the write when expect
+                        # is None: the SQL checks the next write's expect)
                         state[key] = (None if w.expect is None else w.expect + 1,
                                       copy_value(w.value))
                     continue
                 base = state.get(key)
                 if base is None or (base[0] is not None and base[0] != w.expect):
                     base = (w.expect, self._current(key, w.expect))  # type: ignore[arg-type]
-                value = apply_patch(key, base[1], w.patch, undo)
+                elif key in last:  # patched again: the earlier step's base text, now
+                    last[key].snapshot = _dumps(key, base[1])
+                try:
+                    value = apply_patch(key, base[1], w.patch, undo)
+                except StorageError:
+                    self._stale(key, w.expect)  # type: ignore[arg-type]
+                    raise
                 if base[1] is MISSING:  # a new document: its first write is a base
-                    state.pop(key, None)
-                    plan.append(("put", w, _dumps(key, value), None))
+                    plan.append(_Step("put", w, _dumps(key, value)))
+                    state[key] = (1, value)
                     continue
                 state[key] = (w.expect + 1, value)  # type: ignore[operator]
-                text = _dumps(key, [[list(p), v] for p, v in w.patch])
-                plan.append(("patch", w, text, value))
+                step = last[key] = _Step("patch", w, _dumps(key, [[list(p), v]
+                                                                  for p, v in w.patch]), value)
+                plan.append(step)
         except BaseException:
-            for step in reversed(undo):
-                step()
+            for step_back in reversed(undo):
+                step_back()
             raise
         return plan
 
+    def _stale(self, key: DocKey, expect: int) -> None:
+        """A patch that does not apply: a conflict if the document moved on since
+        ``expect`` (raised here), else the caller's bad path (the caller raises)."""
+        if expect == 0:
+            return
+        have = self.versions([key]).get(key, 0)
+        if have != expect:
+            raise conflict(key, have, expect)
+
     def _current(self, key: DocKey, version: int) -> Any:
-        """The value at ``version``, owned by the cache (patched in place); MISSING for
-        version 0. Another version in the database is a conflict, raised now."""
+        """The value at ``version``, MISSING for version 0; taken out of the cache or read.
+        Another version in the database is a conflict, raised now."""
         if version == 0:
             return MISSING
-        cached = self._cache.get(key)
+        with self._cache_lock:
+            cached = self._cache.pop(key, None)
         if cached is not None and cached[0] == version:
             return cached[1]
         found = self._run("commit()", lambda conn: self._read(conn, key))
         have = found[1] if found else 0
         if found is None or have != version:
-            self._cache.pop(key, None)
             raise conflict(key, have, version)
-        self._cache[key] = (have, found[0])
         return found[0]
 
-    def _commit(self, conn: Any, plan: list[tuple[str, Write, str, Any]]) -> dict[DocKey, int]:
+    def _commit(self, conn: Any, plan: list[_Step]) -> dict[DocKey, int]:
         psycopg = self._psycopg
         out: dict[DocKey, int] = {}
         try:
             conn.execute("BEGIN")
+            if not self.options.prepare:  # behind a transaction pooler: this transaction's
+                conn.execute(f"SET LOCAL lock_timeout = {self._lock_ms}")
         except psycopg.OperationalError as e:
             if _is_disconnect(e):
                 raise _Unsent(e) from e
             raise
         try:
-            for kind, w, text, value in plan:
-                key = w.key
-                if kind == "put":
+            for step in plan:
+                w, text, key = step.write, step.text, step.write.key
+                if step.kind == "put":
                     if w.expect is None:
                         row = conn.execute(_UPSERT, (*key, len(text), text, *key)).fetchone()
                     elif w.expect == 0:
@@ -595,7 +597,7 @@ class PostgresStore:
                     row = conn.execute(_APPEND, (len(text), *key, w.expect, *key, text)
                                        ).fetchone()
                     if row is not None and row[1] > row[2]:  # the log outgrew the base
-                        base = _dumps(key, value)
+                        base = step.snapshot or _dumps(key, step.value)
                         conn.execute(_COMPACT, (len(base), base, *key, *key))
                 if row is None:
                     have = conn.execute(f"SELECT version FROM celldialog_docs WHERE {_KEY}",
@@ -619,9 +621,25 @@ class PostgresStore:
                 raise StorageError(
                     f"PostgreSQL store {self.url}: the connection was lost while committing; "
                     f"the commit may or may not have been stored. Load the documents to see "
-                    f"({_why(e)})") from e
+                    f"({self._why(e)})") from None
             raise
         return out
+
+
+class _Step:
+    """One write of a commit, ready before ``BEGIN``: ``put`` a whole value (``text``) or
+    append a ``patch`` (``text``; ``value`` is the document after it, for the cache and a
+    compaction; ``snapshot`` that value as text, when a later patch of this commit changes
+    the same object before the compaction would serialise it)."""
+
+    __slots__ = ("kind", "snapshot", "text", "value", "write")
+
+    def __init__(self, kind: str, write: Write, text: str, value: Any = None) -> None:
+        self.kind = kind
+        self.write = write
+        self.text = text
+        self.value = value
+        self.snapshot: str | None = None
 
 
 class _Unsent(Exception):
@@ -644,123 +662,5 @@ def _is_disconnect(e: BaseException) -> bool:
     return conn_error is None or conn_error.startswith(("08", "57P"))
 
 
-def _why(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
-def payloads(changes: Changes) -> list[str]:
-    """``changes`` as ``pg_notify`` payloads, each under ``NOTIFY_LIMIT`` bytes: JSON lists
-    of ``[space, scope, id, version]``. An entry too large for one notification makes the
-    payload ``"*"`` instead: readers then re-check everything they hold."""
-    out: list[str] = []
-    chunk: list[str] = []
-    size = 2
-    for key, version in changes.items():
-        entry = json.dumps([key.space, key.scope, key.id, version], separators=(",", ":"))
-        if len(entry) + 2 > NOTIFY_LIMIT:
-            return ["*"]
-        if size + len(entry) + 1 > NOTIFY_LIMIT:
-            out.append("[" + ",".join(chunk) + "]")
-            chunk, size = [], 2
-        chunk.append(entry)
-        size += len(entry) + 1
-    if chunk:
-        out.append("[" + ",".join(chunk) + "]")
-    return out
-
-
-def parse_payload(payload: str) -> Changes | None:
-    """A notification's keys and versions; None (re-check everything) for ``"*"`` or
-    anything that is not what ``payloads`` writes."""
-    try:
-        entries = json.loads(payload)
-    except (ValueError, RecursionError):
-        return RECHECK
-    if not isinstance(entries, list):
-        return RECHECK
-    out: Changes = {}
-    for entry in entries:
-        if (not isinstance(entry, list) or len(entry) != 4
-                or not all(isinstance(p, str) for p in entry[:3])
-                or type(entry[3]) is not int):
-            return RECHECK
-        merge(out, {DocKey(entry[0], entry[1], entry[2]): entry[3]})
-    return out
-
-
-class _Listener:
-    """The feed of one ``watch()``: a connection that ``LISTEN``s, reconnected with backoff
-    when lost. Each (re)connect yields ``RECHECK`` first (``NOTIFY`` is not durable: what
-    was sent while nobody listened is gone); then each batch is everything pending:
-    one wait for a notification, then every one already received, each packet consumed
-    whole (leaving psycopg's ``notifies()`` early drops the rest of a packet)."""
-
-    def __init__(self, psycopg: Any, conninfo: str, shown: str) -> None:
-        self._psycopg = psycopg
-        self._conninfo = conninfo
-        self._shown = shown
-        self._conn: Any = None
-        self._backoff = 0.0
-
-    def __aiter__(self) -> AsyncIterator[Changes | None]:
-        return self
-
-    async def __anext__(self) -> Changes | None:
-        psycopg = self._psycopg
-        while True:
-            if self._conn is None:
-                await self._connect()
-                return RECHECK
-            batch: Changes = {}
-            recheck = False
-            try:
-                async for n in self._conn.notifies(stop_after=1):
-                    got = parse_payload(n.payload)
-                    if got is None:
-                        recheck = True
-                    else:
-                        merge(batch, got)
-                async for n in self._conn.notifies(timeout=0):
-                    got = parse_payload(n.payload)
-                    if got is None:
-                        recheck = True
-                    else:
-                        merge(batch, got)
-            except psycopg.Error as e:
-                log.warning("PostgreSQL store %s: the change feed's connection was lost; "
-                            "reconnecting: %s", self._shown, _why(e))
-                await self._drop()
-                continue
-            if recheck:
-                return RECHECK
-            if batch:
-                return batch
-
-    async def _connect(self) -> None:
-        psycopg = self._psycopg
-        while True:
-            if self._backoff:
-                await anyio.sleep(self._backoff)  # a backoff between attempts, not a wait
-            try:
-                conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
-                await conn.execute(f"LISTEN {CHANNEL}")
-            except psycopg.Error as e:
-                self._backoff = min(max(self._backoff * 2, 0.05), 5.0)
-                log.warning("PostgreSQL store %s: the change feed cannot connect (retrying "
-                            "in %.2f s): %s", self._shown, self._backoff, _why(e))
-                continue
-            self._conn, self._backoff = conn, 0.0
-            return
-
-    async def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if self._backoff == 0.0:
-            self._backoff = 0.05
-        if conn is not None:
-            try:
-                await conn.close()
-            except Exception:  # already gone
-                pass
-
-    async def aclose(self) -> None:
-        await self._drop()

@@ -168,7 +168,6 @@ class SQLiteStore:
                  feed_interval: float = DEFAULT_FEED_INTERVAL) -> None:
         self.path = str(path)
         self.feed_interval = poll_interval(feed_interval, "SQLiteStore(feed_interval=...)")
-        self._commits = 0
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (
             0 <= busy_timeout < float("inf")
         ):
@@ -487,12 +486,17 @@ class SQLiteStore:
                 cache[key] = (new, value)
                 cache.move_to_end(key)
                 out[key] = new
-            db.executemany("INSERT INTO changes (space, scope, id, version) VALUES (?,?,?,?)",
-                           [(*k, v) for k, v in out.items()])
-            self._commits += 1
-            if self._commits % PRUNE_EVERY == 0:
-                db.execute("DELETE FROM changes WHERE seq <= "
-                           "(SELECT max(seq) FROM changes) - ?", (CHANGES_KEPT,))
+            # the feed's rows; every PRUNE_EVERY rows written (by any process) the oldest
+            # beyond CHANGES_KEPT go, so the table stays bounded however processes come and go
+            items = list(out.items())
+            for i in range(0, len(items), 1000):  # SQLite's limit on ? per statement
+                chunk = items[i:i + 1000]
+                last = max(r[0] for r in db.execute(
+                    "INSERT INTO changes (space, scope, id, version) VALUES "
+                    + ",".join(["(?,?,?,?)"] * len(chunk)) + " RETURNING seq",
+                    [x for k, v in chunk for x in (*k, v)]))
+                if last // PRUNE_EVERY != (last - len(chunk)) // PRUNE_EVERY:
+                    db.execute("DELETE FROM changes WHERE seq <= ?", (last - CHANGES_KEPT,))
             if patch_rows:  # one statement each for all the commit's documents
                 db.executemany(
                     "INSERT INTO patches (space, scope, id, version, patch) VALUES (?,?,?,?,?)",
@@ -607,6 +611,10 @@ class _Poller:
         rows = db.execute("SELECT seq, space, scope, id, version FROM changes WHERE seq > ? "
                           "ORDER BY seq", (self._last,)).fetchall()
         if not rows:
+            top = db.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()[0]
+            if top < self._last:  # the table was emptied or replaced: numbering restarted
+                self._last = top
+                return {}
             return None  # a commit without changes (a lease renewed)
         gap = rows[0][0] != self._last + 1
         self._last = rows[-1][0]

@@ -289,7 +289,14 @@ class _Server:
         return sid
 
     def owned(self, user: str, sid: str) -> bool:
-        return is_minted_id(sid) and any(s["id"] == sid for s in self.sessions(user))
+        if not is_minted_id(sid):
+            return False
+        if any(s["id"] == sid for s in self.sessions(user)):
+            return True
+        # made a moment ago by another process on the same store? Its commit may not have
+        # reached this copy through the change feed yet: ask the store (only on a miss)
+        self.index(user).result.key("sessions").refresh()
+        return any(s["id"] == sid for s in self.sessions(user))
 
     def session(self, user: str, sid: str) -> _Session:
         """The user's session ``sid``, running (404 if it is not theirs)."""

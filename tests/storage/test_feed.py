@@ -9,6 +9,7 @@ itself, bounded so a lost notification fails the test instead of hanging it.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,10 @@ from runtime.storage import (
     Stored,
     Write,
     can_watch,
+    pg_feed,
 )
 from runtime.storage import sqlite as sqlite_module
-from runtime.storage.postgres import NOTIFY_LIMIT, parse_payload, payloads
+from runtime.storage.pg_feed import _NOT_OURS, NOTIFY_LIMIT, parse_payload, payloads
 
 pytestmark = pytest.mark.anyio
 WAIT = 10.0
@@ -133,6 +135,14 @@ async def test_versions_and_load_many_read_only_what_exists(pair: Any) -> None:
     assert reader.versions([]) == {} and reader.load_many([]) == {}
 
 
+async def test_load_many_takes_a_key_twice_as_once(pair: Any) -> None:
+    writer, reader = pair
+    writer.commit([Write(A, {"x": []})])
+    writer.commit([Write(A, None, expect=1, patch=((("x", 0), 1),))])
+    assert reader.load_many([A, A]) == {A: Stored({"x": [1]}, 2)}
+    assert reader.versions([A, A]) == {A: 2}
+
+
 async def test_a_closed_store_ends_its_feed_or_refuses_it(pair: Any) -> None:
     _, reader = pair
     reader.close()
@@ -181,6 +191,15 @@ async def test_a_commit_in_one_runtime_recomputes_a_computed_in_another(pair: An
     assert a_rt.errors == [] and b_rt.errors == []
 
 
+@pattern(name="feed-counter")
+def _poisonable() -> dict[str, Any]:
+    """The counter's documents (the same ids) and one more, which a test damages."""
+    count = cell(0, name="count")
+    doubled = computed(lambda: count.get() * 2, name="doubled")
+    return {"count": count, "doubled": doubled, "bump": _bump(count=count),
+            "other": cell("intact", name="other")}
+
+
 async def test_follow_false_leaves_the_feed_alone(pair: Any) -> None:
     writer, reader = pair
     async with Runtime(store=reader, follow=False) as b_rt, Runtime(store=writer) as a_rt:
@@ -212,6 +231,72 @@ async def test_sqlite_a_reader_that_fell_behind_the_kept_changes_rechecks(
     finally:
         writer.close()
         reader.close()
+
+
+def test_sqlite_changes_stay_bounded_however_short_lived_the_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sqlite_module, "CHANGES_KEPT", 50)
+    monkeypatch.setattr(sqlite_module, "PRUNE_EVERY", 20)
+    path = tmp_path / "bounded.db"
+    for n in range(40):  # each store (a process) commits fewer than PRUNE_EVERY times
+        s = SQLiteStore(path)
+        for i in range(19):
+            s.commit([Write(DocKey("feed", "", f"d{n}"), i)])
+        s.close()
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute("SELECT count(*) FROM changes").fetchone()[0]
+    finally:
+        db.close()
+    assert rows <= 50 + 20, rows
+
+
+async def test_sqlite_a_changes_table_emptied_behind_the_reader_is_a_recheck(
+    tmp_path: Path,
+) -> None:
+    writer = SQLiteStore(tmp_path / "reset.db")
+    reader = SQLiteStore(tmp_path / "reset.db", feed_interval=0.01)
+    try:
+        for n in range(5):
+            writer.commit([Write(A, n)])
+        async with reader.watch() as feed:
+            assert await batch(feed) is RECHECK
+            db = sqlite3.connect(tmp_path / "reset.db")
+            db.execute("DELETE FROM changes")  # a restored backup, an operator's cleanup
+            db.commit()
+            db.close()
+            assert await batch(feed) is RECHECK
+            writer.commit([Write(A, "after")])
+            assert await until(feed, {A: 6}) == {A: 6}
+    finally:
+        writer.close()
+        reader.close()
+
+
+async def test_one_unreadable_document_does_not_stop_the_others_catching_up(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'poison.db'}"
+    async with Runtime(store=url) as b_rt:
+        b = b_rt.run(_poisonable)
+        await b_rt.settled()
+        other = b.result.key("other").resolve().doc_key
+        count = b.result.key("count").resolve().doc_key
+        arrived = anyio.Event()
+        b.result.key("count").sink(lambda v: arrived.set() if v == 1 else None)
+        db = sqlite3.connect(tmp_path / "poison.db")  # one commit: one batch of the feed
+        db.execute("UPDATE docs SET value='{not json', version=version+1 WHERE id=?",
+                   (other.id,))
+        db.execute("UPDATE docs SET value='1', version=version+1 WHERE id=?", (count.id,))
+        db.execute("INSERT INTO changes (space, scope, id, version) SELECT space, scope, id, "
+                   "version FROM docs WHERE id IN (?, ?)", (other.id, count.id))
+        db.commit()
+        db.close()
+        with anyio.fail_after(WAIT):
+            await arrived.wait()  # the counter caught up beside the damaged document
+        assert b.result.key("other").get() == "intact"  # left as it was
+        assert len(b_rt.errors) == 1 and "not JSON" in str(b_rt.errors[0][1])
 
 
 def test_sqlite_feed_interval_is_checked(tmp_path: Path) -> None:
@@ -256,10 +341,10 @@ def test_an_entry_too_large_for_a_notification_becomes_a_recheck() -> None:
 
 @pytest.mark.parametrize("hostile", [
     "", "null", "{}", "[1]", '[["a","b","c"]]', '[["a","b","c","1"]]', '[["a","b",3,1]]',
-    '[["a","b","c",1.5]]', '[["a","b","c",true]]', "[" * 5000, "\u0000",
+    '[["a","b","c",1.5]]', '[["a","b","c",true]]', "[" * 5000, "\u0000", "**",
 ])
-def test_a_payload_that_is_not_ours_is_a_recheck_never_an_error(hostile: str) -> None:
-    assert parse_payload(hostile) is RECHECK
+def test_a_payload_that_is_not_ours_is_ignored_never_an_error(hostile: str) -> None:
+    assert parse_payload(hostile) is _NOT_OURS
 
 
 async def test_postgres_many_keys_arrive_split_across_notifications(pg_url: str) -> None:
@@ -303,16 +388,29 @@ def test_postgres_a_key_too_long_for_the_index_is_named(pg_url: str) -> None:
         s.close()
 
 
-async def test_postgres_garbage_on_the_channel_is_a_recheck(pg_url: str) -> None:
-    reader = PostgresStore(pg_url)
+async def test_postgres_garbage_on_the_channel_is_ignored_and_rechecks_are_rate_limited(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Anyone who may connect may NOTIFY: what is not ours is dropped, and a flood of "*"
+    cannot make readers re-read everything more often than ``RECHECK_EVERY``."""
+    monkeypatch.setattr(pg_feed, "RECHECK_EVERY", 0.3)
+    writer, reader = PostgresStore(pg_url), PostgresStore(pg_url)
     try:
         async with reader.watch() as feed:
             assert await batch(feed) is RECHECK
             with psycopg.connect(pg_url, autocommit=True) as other:
                 other.execute("SELECT pg_notify('celldialog', %s)",
                               (json.dumps([["a", "b"]]),))
-            assert await batch(feed) is RECHECK
+                writer.commit([Write(A, 1)])
+                assert await batch(feed) == {A: 1}  # the garbage before it was dropped
+                other.execute("SELECT pg_notify('celldialog', '*')")
+                first = anyio.current_time()
+                assert await batch(feed) is RECHECK
+                other.execute("SELECT pg_notify('celldialog', '*')")
+                assert await batch(feed) is RECHECK
+                assert anyio.current_time() - first >= 0.3 * 0.99
     finally:
+        writer.close()
         reader.close()
 
 
@@ -366,5 +464,5 @@ async def test_postgres_the_feed_can_listen_on_another_route(pg_url: str, pg_clu
 
 
 def test_postgres_a_listen_url_that_is_not_one_is_refused() -> None:
-    with pytest.raises(StoreConfigError, match="listen_url.*libpq URL"):
+    with pytest.raises(StoreConfigError, match=r"listen_url.*libpq URL"):
         PostgresStore("postgresql://me:pw@localhost/db?listen_url=redis%3A%2F%2Fx")

@@ -1,0 +1,174 @@
+"""What only the PostgreSQL store has: its URL (options passed through byte for byte,
+passwords never shown), threads sharing one store, lock waits, dead connections, and the
+end of its feeds at ``close()``. The contract it shares with the others is
+``test_conformance.py``; its feed, ``test_feed.py``."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+from urllib.parse import quote
+
+import anyio
+import psycopg
+import pytest
+
+from runtime.errors import StorageError, StoreBusyError, StoreConfigError
+from runtime.storage import DocKey, PostgresStore, Stored, Write
+from runtime.storage.pg_url import parse_url, redact, scrub, secrets_of
+
+A = DocKey("pg", "", "a")
+
+SECRET_URLS = [
+    "postgresql://app:s3cret-pw@h/db",
+    "postgresql://app:pa?ss-s3cret-pw@h/db",  # an unencoded ? in the password
+    "postgresql://app:pa/s#s3cret-pw@h/db",
+    "postgresql://app@h/db?password=s3cret-pw&sslmode=require",
+    "postgresql://app@h/db?sslpassword=s3cret-pw",
+    "postgresql://app@h/db?pass%77ord=s3cret-pw",
+    "postgresql://app@h/db?listen_url=" + quote("postgresql://l:s3cret-pw@h2/db", safe=""),
+    "postgresql://app:s3cret%2Dpw@h/db",
+]
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+def test_redact_hides_every_password(url: str) -> None:
+    shown = redact(url)
+    assert "s3cret" not in shown and "***" in shown
+    assert "s3cret" not in scrub(f"the driver said: {url!r}", secrets_of(url))
+
+
+def test_redact_leaves_a_url_without_secrets_as_given() -> None:
+    for url in ("sqlite:////tmp/x.db", "memory", "postgresql://app@h:5432/db?sslmode=require"):
+        assert redact(url) == url
+
+
+def test_libpq_parameters_pass_through_byte_for_byte() -> None:
+    url = ("postgresql://u@h/db?options=-c%20statement_timeout%3D4321&application_name=my+app"
+           "&pool_size=2")
+    conninfo, options = parse_url(url)
+    assert conninfo.startswith("postgresql://u@h/db?options=-c%20statement_timeout%3D4321"
+                               "&application_name=my+app&")
+    assert "pool_size" not in conninfo and options.pool_size == 2
+    assert "keepalives=1" in conninfo and "connect_timeout=10" in conninfo
+    socket, _ = parse_url("postgresql://u@/db?host=/run/pg&connect_timeout=3")
+    assert "keepalives" not in socket and socket.count("connect_timeout") == 1
+
+
+def test_the_server_gets_libpq_options_as_written(pg_url: str) -> None:
+    s = PostgresStore(f"{pg_url}&options=-c%20statement_timeout%3D4321"
+                      f"&application_name=my%20app")
+    try:
+        with s._pool.connection() as conn:
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("4321ms",)
+            assert conn.execute("SHOW application_name").fetchone() == ("my app",)
+    finally:
+        s.close()
+
+
+def test_a_url_libpq_cannot_parse_is_named_without_its_password() -> None:
+    with pytest.raises(StorageError) as info:
+        PostgresStore("postgresql://app:TOP%zzSECRET@localhost/db")
+    text = str(info.value)
+    assert "cannot open PostgreSQL store" in text and "SECRET" not in text
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"pool_size": 0}, "pool_size"), ({"pool_size": "4"}, "pool_size"),
+    ({"busy_timeout": -1}, "busy_timeout"), ({"busy_timeout": float("nan")}, "busy_timeout"),
+    ({"busy_timeout": 1e7}, "busy_timeout"), ({"prepare": "off"}, "prepare"),
+    ({"listen_url": "redis://x"}, "listen_url"),
+])
+def test_bad_keyword_options_are_refused_before_connecting(kwargs: Any, words: str) -> None:
+    with pytest.raises(StoreConfigError, match=words):
+        PostgresStore("postgresql://me:pw@192.0.2.1/db", **kwargs)
+
+
+def test_threads_sharing_one_store_lose_no_write(pg_url: str) -> None:
+    """The store may be shared by threads (its pool has several connections): a patch is
+    planned against a cached value one commit owns at a time."""
+    s = PostgresStore(pg_url)
+    s.commit([Write(A, {"items": []})])
+    errors: list[BaseException] = []
+
+    def append(name: str) -> None:
+        try:
+            for n in range(60):
+                while True:
+                    got = s.load(A)
+                    assert got is not None
+                    step = (("items", len(got.value["items"])), f"{name}-{n}")
+                    try:
+                        s.commit([Write(A, None, expect=got.version, patch=(step,))])
+                        break
+                    except StorageError as e:
+                        if "another writer" not in str(e):
+                            raise
+        except BaseException as e:  # reported by the test, not lost in the thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=append, args=(f"t{i}",)) for i in range(5)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []
+        items = s.load(A).value["items"]  # type: ignore[union-attr]
+        assert sorted(items) == sorted(f"t{i}-{n}" for i in range(5) for n in range(60))
+        fresh = PostgresStore(pg_url)
+        try:
+            assert fresh.load(A) == s.load(A)
+        finally:
+            fresh.close()
+    finally:
+        s.close()
+
+
+def test_a_busy_timeout_of_zero_means_do_not_wait(pg_url: str) -> None:
+    s = PostgresStore(f"{pg_url}&busy_timeout=0")
+    s.commit([Write(A, 1)])
+    with psycopg.connect(pg_url) as holder:  # a transaction holding the document's row
+        holder.execute("SELECT 1 FROM celldialog_docs WHERE id = 'a' FOR UPDATE")
+        try:
+            with pytest.raises(StoreBusyError, match="busy_timeout"):
+                s.commit([Write(A, 2, expect=1)])
+        finally:
+            holder.rollback()
+    assert s.load(A) == Stored(1, 1)
+    assert s.commit([Write(A, 2, expect=1)]) == {A: 2}
+    s.close()
+
+
+def test_after_every_connection_dies_the_next_call_works(pg_url: str, pg_cluster: Any) -> None:
+    """A restart or a failover kills every pooled connection at once: the retry takes one
+    the pool has just checked, not another dead one."""
+    s = PostgresStore(f"{pg_url}&pool_size=4")
+    s.commit([Write(A, 1)])
+    held = [s._pool.getconn() for _ in range(4)]  # grow the pool to four
+    for conn in held:
+        s._pool.putconn(conn)
+    pg_cluster.kill_connections(pg_url.split("/")[-1].split("?")[0])
+    try:
+        for _ in range(4):
+            assert s.load(A) == Stored(1, 1)
+        assert s.commit([Write(A, 2, expect=1)]) == {A: 2}
+    finally:
+        s.close()
+
+
+@pytest.mark.anyio
+async def test_close_ends_the_stores_feeds(pg_url: str) -> None:
+    writer, reader = PostgresStore(pg_url), PostgresStore(pg_url)
+    try:
+        async with reader.watch() as feed:
+            with anyio.fail_after(10):
+                assert await feed.__anext__() is None
+            reader.close()
+            writer.commit([Write(A, 1)])  # wakes the feed, which sees the store closed
+            with anyio.fail_after(10), pytest.raises(StopAsyncIteration):
+                await feed.__anext__()
+    finally:
+        writer.close()
+        reader.close()
