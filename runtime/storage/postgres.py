@@ -46,7 +46,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import anyio
 
@@ -61,7 +61,7 @@ from .base import (
 )
 from .feed import Changes
 from .patch import MISSING, apply_patch, conflict, copy_value, describe
-from .pg_feed import CHANNEL, Listener, payloads
+from .pg_feed import NOTIFY_LIMIT, Listener
 from .pg_url import (
     check_busy_timeout,
     check_listen_url,
@@ -104,12 +104,20 @@ CREATE TABLE IF NOT EXISTS celldialog_leases (
     holder  text        PRIMARY KEY,
     expires timestamptz NOT NULL
 );
+CREATE OR REPLACE FUNCTION celldialog_conflict() RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'CD409',
+        MESSAGE = 'celldialog: a document changed since the version this commit expects';
+END $$;
 """
 _TABLES = ("celldialog_docs", "celldialog_patches", "celldialog_leases")
+_FUNCTION = "celldialog_conflict()"
+CONFLICT = "CD409"  # the SQLSTATE of a write whose expected version is not the row's
 _KEY = "space = %s AND scope = %s AND id = %s"
 # the base and the log since it, in one statement (one snapshot)
+# the base and the log since it, in one statement (one snapshot)
 _LOAD = (
-    "SELECT d.version, d.value, p.patch FROM celldialog_docs d "
+    "SELECT d.version, d.value, d.log_size, d.base_size, p.patch FROM celldialog_docs d "
     "LEFT JOIN celldialog_patches p ON p.space = d.space AND p.scope = d.scope "
     "AND p.id = d.id AND p.version > d.base_version AND p.version <= d.version "
     "WHERE d.space = %s AND d.scope = %s AND d.id = %s ORDER BY p.version"
@@ -127,42 +135,45 @@ _VERSIONS = (
     "FROM unnest(%s::text[], %s::text[], %s::text[]) AS k(space, scope, id) "
     "JOIN celldialog_docs d USING (space, scope, id)"
 )
+# Each write is one statement returning the new version, which also notifies (the payload
+# given, or built here when the version is only known here) and, when its expected
+# version is not the row's, raises CONFLICT: the commit's statements go in one pipeline,
+# one implicit transaction, so that error undoes them all (and no notification is sent).
+_TAIL = (
+    ", n AS (SELECT pg_notify('celldialog', coalesce(%s, json_build_array("
+    "json_build_array(%s::text, %s::text, %s::text, u.version))::text)) FROM u) "
+    "SELECT u.version FROM u, n UNION ALL SELECT celldialog_conflict() "
+    "WHERE NOT EXISTS (SELECT 1 FROM u)"
+)
+_DROP_LOG = ("d AS (DELETE FROM celldialog_patches p USING u "
+             "WHERE p.space = %s AND p.scope = %s AND p.id = %s)")
 # a whole value: the new base (its log deleted), conditional on the expected version
 _PUT = (
     "WITH u AS (UPDATE celldialog_docs SET version = version + 1, "
     "base_version = version + 1, base_size = %s, log_size = 0, value = %s "
-    f"WHERE {_KEY} AND version = %s RETURNING version), "
-    "d AS (DELETE FROM celldialog_patches p USING u "
-    "WHERE p.space = %s AND p.scope = %s AND p.id = %s) SELECT version FROM u"
+    f"WHERE {_KEY} AND version = %s RETURNING version), {_DROP_LOG}{_TAIL}"
 )
 _UPSERT = (
     "WITH u AS (INSERT INTO celldialog_docs AS t "
     "(space, scope, id, version, base_version, base_size, log_size, value) "
     "VALUES (%s, %s, %s, 1, 1, %s, 0, %s) ON CONFLICT (space, scope, id) DO UPDATE SET "
     "version = t.version + 1, base_version = t.version + 1, base_size = excluded.base_size, "
-    "log_size = 0, value = excluded.value RETURNING version), "
-    "d AS (DELETE FROM celldialog_patches p USING u "
-    "WHERE p.space = %s AND p.scope = %s AND p.id = %s) SELECT version FROM u"
+    f"log_size = 0, value = excluded.value RETURNING version), {_DROP_LOG}{_TAIL}"
 )
 _CREATE = (
-    "INSERT INTO celldialog_docs "
+    "WITH u AS (INSERT INTO celldialog_docs "
     "(space, scope, id, version, base_version, base_size, log_size, value) "
     "VALUES (%s, %s, %s, 1, 1, %s, 0, %s) ON CONFLICT (space, scope, id) DO NOTHING "
-    "RETURNING version"
+    f"RETURNING version){_TAIL}"
 )
 # a patch: appended to the log, conditional on the expected version
 _APPEND = (
     "WITH u AS (UPDATE celldialog_docs SET version = version + 1, log_size = log_size + %s "
-    f"WHERE {_KEY} AND version = %s RETURNING version, log_size, base_size), "
+    f"WHERE {_KEY} AND version = %s RETURNING version), "
     "p AS (INSERT INTO celldialog_patches (space, scope, id, version, patch) "
-    "SELECT %s, %s, %s, version, %s FROM u) SELECT version, log_size, base_size FROM u"
+    f"SELECT %s, %s, %s, version, %s FROM u){_TAIL}"
 )
-_COMPACT = (
-    "WITH u AS (UPDATE celldialog_docs SET base_version = version, base_size = %s, "
-    f"log_size = 0, value = %s WHERE {_KEY} RETURNING version), "
-    "d AS (DELETE FROM celldialog_patches p USING u "
-    "WHERE p.space = %s AND p.scope = %s AND p.id = %s) SELECT version FROM u"
-)
+_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"  # this transaction only
 _RENEW = (
     "INSERT INTO celldialog_leases AS l (holder, expires) "
     "VALUES (%s, clock_timestamp() + make_interval(secs => %s)) "
@@ -275,18 +286,37 @@ class PostgresStore:
         if not writes:
             return {}
         plan = self._plan(writes)  # values it took from the cache stay out if this fails
-        versions = self._run("commit()", lambda conn: self._commit(conn, plan), retry=False)
+        versions = self._send(plan)
         with self._cache_lock:
             cache = self._cache
-            for step in plan:
-                if step.kind == "patch":
-                    cache[step.write.key] = (versions[step.write.key], step.value)
-                    cache.move_to_end(step.write.key)
-                else:
-                    cache.pop(step.write.key, None)
+            for step in plan:  # in key order: a key's last step is what it holds now
+                key = step.write.key
+                if step.owned is None:  # the caller's value: never kept
+                    cache.pop(key, None)
+                    continue
+                cache[key] = _Cached(versions[key], step.owned, step.log_size, step.base_size)
+                cache.move_to_end(key)
             while len(cache) > CACHED_DOCS:
                 cache.popitem(last=False)
         return versions
+
+    def _send(self, plan: list[_Step]) -> dict[DocKey, int]:
+        """The commit, sent; when the connection is lost on the way, what happened is read
+        back: landed (its versions), or nothing happened (sent once more, on a connection
+        the pool has just checked)."""
+        for attempt in (1, 2):
+            try:
+                return self._run("commit()", lambda conn: self._commit(conn, plan))
+            except _Lost as lost:
+                self._dead("commit()", lost.error)
+                found = self._resolve(plan)
+                if found is not None:
+                    return found
+                if attempt == 2:
+                    raise StorageError(
+                        f"PostgreSQL store {self.url}: commit() lost its connection twice; "
+                        f"nothing was committed ({self._why(lost.error)})") from None
+        raise AssertionError("unreachable")
 
     def keys(self, space: str) -> Iterable[DocKey]:
         """Every document key in ``space``."""
@@ -401,18 +431,16 @@ class PostgresStore:
 
     def _run(self, what: str, op: Callable[[Any], T], *, retry: bool = True) -> T:
         """``op(conn)`` on a pooled connection. A connection found dead is retried once, on
-        a connection the pool has just checked, when ``op`` is safe to repeat (a read, or a
-        commit that never reached ``COMMIT``: ``_commit`` raises ``_Unsent`` then). Driver
-        errors come out as ``StorageError``."""
+        a connection the pool has just checked, when ``op`` is safe to repeat (a read or a
+        lease call; a commit raises ``_Lost`` instead, for ``_send``). Driver errors come
+        out as ``StorageError``."""
         psycopg = self._psycopg
         for attempt in (1, 2):
             try:
                 with self._pool.connection() as conn:
                     return op(conn)
-            except _Unsent as e:
-                if attempt == 2:
-                    raise self._error(what, e.error) from None
-                self._dead(what, e.error)
+            except _Lost:
+                raise
             except psycopg.OperationalError as e:
                 if not retry or attempt == 2 or not _is_disconnect(e):
                     raise self._error(what, e) from None
@@ -471,21 +499,27 @@ class PostgresStore:
     @staticmethod
     def _missing(conn: Any) -> bool:
         row = conn.execute("SELECT " + ", ".join(f"to_regclass('{t}')" for t in _TABLES)
-                           ).fetchone()
+                           + f", to_regprocedure('{_FUNCTION}')").fetchone()
         return any(v is None for v in row)
 
     # -- reading -----------------------------------------------------------------------
 
     def _read(self, conn: Any, key: DocKey) -> tuple[Any, int] | None:
+        found = self._read_sized(conn, key)
+        return None if found is None else (found.value, found.version)
+
+    def _read_sized(self, conn: Any, key: DocKey) -> _Cached | None:
+        """The value and version, with the sizes of the base and the log (in bytes of JSON
+        text) that decide when a patch is written as a whole value instead."""
         rows = conn.execute(_LOAD, key).fetchall()
         if not rows:
             return None
-        version, text = rows[0][0], rows[0][1]
+        version, text, log_size, base_size = rows[0][:4]
         value = self._decode(key, text)
-        for _, _, patch in rows:
+        for *_, patch in rows:
             if patch is not None:
                 value = apply_patch(key, value, self._decode(key, patch), copy_values=False)
-        return value, version
+        return _Cached(version, value, log_size, base_size)
 
     def _decode(self, key: DocKey, text: str) -> Any:
         try:
@@ -497,13 +531,14 @@ class PostgresStore:
     # -- writing -----------------------------------------------------------------------
 
     def _plan(self, writes: Sequence[Write]) -> list[_Step]:
-        """The writes as steps, serialised and checked before the transaction, in key order
+        """The writes as steps, serialised and checked before anything is sent, in key order
         (one key's writes in their order), so concurrent commits lock rows in one order.
         A patch is checked against the value it applies to, taken out of the cache (this
-        commit owns it: another thread never patches the same object) or read."""
+        commit owns it: another thread never patches the same object) or read; one that
+        would make the log outgrow the base is written as the whole value instead (what a
+        compaction would do, without a statement of its own)."""
         plan: list[_Step] = []
-        state: dict[DocKey, tuple[int | None, Any]] = {}  # this commit's view of each key
-        last: dict[DocKey, _Step] = {}  # each key's latest patch step in this commit
+        state: dict[DocKey, _Cached] = {}  # this commit's view of each key it writes
         undo: list[Callable[[], None]] = []
         ordered = sorted(writes, key=lambda w: w.key)
         try:
@@ -516,31 +551,36 @@ class PostgresStore:
                 nxt = ordered[i + 1] if i + 1 < len(ordered) else None
                 again = nxt is not None and nxt.key == key  # written again in this commit
                 if w.patch is None:
-                    plan.append(_Step("put", w, _dumps(key, w.value)))
-                    last.pop(key, None)
-                    if again:  # its base (a version unknown before the write when expect
-                        # is None: the SQL checks the next write's expect)
-                        state[key] = (None if w.expect is None else w.expect + 1,
-                                      copy_value(w.value))
+                    text = _dumps(key, w.value)
+                    plan.append(_Step(w, text, "put"))
+                    state.pop(key, None)
+                    if again and nxt is not None and nxt.patch is not None:
+                        # the next patch's base (its version unknown before the write when
+                        # expect is None: its own SQL checks it)
+                        state[key] = _Cached(-1 if w.expect is None else w.expect + 1,
+                                             copy_value(w.value), 0, len(text))
                     continue
                 base = state.get(key)
-                if base is None or (base[0] is not None and base[0] != w.expect):
-                    base = (w.expect, self._current(key, w.expect))  # type: ignore[arg-type]
-                elif key in last:  # patched again: the earlier step's base text, now
-                    last[key].snapshot = _dumps(key, base[1])
+                if base is None or (base.version != -1 and base.version != w.expect):
+                    base = self._current(key, w.expect)  # type: ignore[arg-type]
                 try:
-                    value = apply_patch(key, base[1], w.patch, undo)
+                    value = apply_patch(key, base.value, w.patch, undo)
                 except StorageError:
                     self._stale(key, w.expect)  # type: ignore[arg-type]
                     raise
-                if base[1] is MISSING:  # a new document: its first write is a base
-                    plan.append(_Step("put", w, _dumps(key, value)))
-                    state[key] = (1, value)
-                    continue
-                state[key] = (w.expect + 1, value)  # type: ignore[operator]
-                step = last[key] = _Step("patch", w, _dumps(key, [[list(p), v]
-                                                                  for p, v in w.patch]), value)
+                patch = _dumps(key, [[list(p), v] for p, v in w.patch])
+                if base.value is MISSING or base.log_size + len(patch) > base.base_size:
+                    # a new document (its first write is a base), or a log that would
+                    # outgrow its base: the whole value, at the expected version
+                    step = _Step(w, _dumps(key, value), "put", value)
+                    step.log_size, step.base_size = 0, len(step.text)
+                else:
+                    step = _Step(w, patch, "append", value)
+                    step.log_size = base.log_size + len(patch)
+                    step.base_size = base.base_size
                 plan.append(step)
+                state[key] = _Cached(w.expect + 1, value,  # type: ignore[operator]
+                                     step.log_size, step.base_size)
         except BaseException:
             for step_back in reversed(undo):
                 step_back()
@@ -556,105 +596,164 @@ class PostgresStore:
         if have != expect:
             raise conflict(key, have, expect)
 
-    def _current(self, key: DocKey, version: int) -> Any:
-        """The value at ``version``, MISSING for version 0; taken out of the cache or read.
-        Another version in the database is a conflict, raised now."""
+    def _current(self, key: DocKey, version: int) -> _Cached:
+        """The value at ``version`` with its sizes (MISSING for version 0), taken out of the
+        cache or read. Another version in the database is a conflict, raised now."""
         if version == 0:
-            return MISSING
+            return _Cached(0, MISSING, 0, 0)
         with self._cache_lock:
             cached = self._cache.pop(key, None)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        found = self._run("commit()", lambda conn: self._read(conn, key))
-        have = found[1] if found else 0
+        if cached is not None and cached.version == version:
+            return cached
+        found = self._run("commit()", lambda conn: self._read_sized(conn, key))
+        have = found.version if found else 0
         if found is None or have != version:
             raise conflict(key, have, version)
-        return found[0]
+        return found
 
     def _commit(self, conn: Any, plan: list[_Step]) -> dict[DocKey, int]:
+        """Every statement in one pipeline: one implicit transaction, one round trip. A
+        write whose expected version is not the row's raises ``CONFLICT`` in the server,
+        which undoes them all; then the versions are read to say which and why."""
         psycopg = self._psycopg
-        out: dict[DocKey, int] = {}
+        cursors: list[Any] = []
         try:
-            conn.execute("BEGIN")
-            if not self.options.prepare:  # behind a transaction pooler: this transaction's
-                conn.execute(f"SET LOCAL lock_timeout = {self._lock_ms}")
-        except psycopg.OperationalError as e:
-            if _is_disconnect(e):
-                raise _Unsent(e) from e
+            with conn.pipeline():
+                conn.execute(_LOCK_TIMEOUT, (f"{self._lock_ms}ms",))
+                cursors = [conn.execute(*_statement(step)) for step in plan]
+        except psycopg.Error as e:
+            if e.sqlstate == CONFLICT:
+                raise self._which_conflict(conn, plan) from None
+            if isinstance(e, psycopg.OperationalError) and _is_disconnect(e):
+                raise _Lost(e) from e
             raise
-        try:
+        return {step.write.key: cur.fetchone()[0] for step, cur in zip(plan, cursors,
+                                                                         strict=True)}
+
+    def _which_conflict(self, conn: Any, plan: list[_Step]) -> StorageError:
+        """The first write whose expected version is not the document's (in the commit's
+        order, each key's versions followed through its own writes)."""
+        have = self._versions_on(conn, [step.write.key for step in plan])
+        for step in plan:
+            key, expect = step.write.key, step.write.expect
+            now = have.get(key, 0)
+            if expect is not None and expect != now:
+                return conflict(key, now, expect)
+            have[key] = now + 1
+        return StorageError(f"PostgreSQL store {self.url}: commit() was refused as a "
+                            f"conflict, but every version now matches; nothing was "
+                            f"committed. Run it again")
+
+    @staticmethod
+    def _versions_on(conn: Any, keys: list[DocKey]) -> dict[DocKey, int]:
+        rows = conn.execute(_VERSIONS, _columns(list(dict.fromkeys(keys)))).fetchall()
+        return {DocKey(a, b, c): v for a, b, c, v in rows}
+
+    def _resolve(self, plan: list[_Step]) -> dict[DocKey, int] | None:
+        """After the connection was lost mid-commit: did it land? The versions if every
+        write is found in place, None if nothing of it is (safe to send again); raises
+        ``StorageError`` saying the outcome is unknown otherwise. (A write is known by its
+        expected version and its text; one without an expected version is a "last writer
+        wins" write, which may be sent again.)"""
+        def read(conn: Any) -> dict[DocKey, tuple[int, int, str, str | None]]:
+            out = {}
             for step in plan:
-                w, text, key = step.write, step.text, step.write.key
-                if step.kind == "put":
-                    if w.expect is None:
-                        row = conn.execute(_UPSERT, (*key, len(text), text, *key)).fetchone()
-                    elif w.expect == 0:
-                        row = conn.execute(_CREATE, (*key, len(text), text)).fetchone()
-                    else:
-                        row = conn.execute(_PUT, (len(text), text, *key, w.expect, *key)
-                                           ).fetchone()
-                else:
-                    row = conn.execute(_APPEND, (len(text), *key, w.expect, *key, text)
-                                       ).fetchone()
-                    if row is not None and row[1] > row[2]:  # the log outgrew the base
-                        base = step.snapshot or _dumps(key, step.value)
-                        conn.execute(_COMPACT, (len(base), base, *key, *key))
-                if row is None:
-                    have = conn.execute(f"SELECT version FROM celldialog_docs WHERE {_KEY}",
-                                        key).fetchone()
-                    raise conflict(key, have[0] if have else 0, w.expect or 0)
-                out[key] = row[0]
-            for payload in payloads(out):
-                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
-        except psycopg.OperationalError as e:
-            if _is_disconnect(e):
-                raise _Unsent(e) from e  # COMMIT was never sent: nothing happened
-            _rollback(conn)
-            raise
-        except BaseException:
-            _rollback(conn)
-            raise
-        try:
-            conn.execute("COMMIT")
-        except psycopg.OperationalError as e:
-            if _is_disconnect(e):
-                raise StorageError(
-                    f"PostgreSQL store {self.url}: the connection was lost while committing; "
-                    f"the commit may or may not have been stored. Load the documents to see "
-                    f"({self._why(e)})") from None
-            raise
-        return out
+                key = step.write.key
+                row = conn.execute(
+                    "SELECT d.version, d.base_version, d.value, p.patch FROM celldialog_docs d "
+                    "LEFT JOIN celldialog_patches p ON p.space = d.space AND p.scope = d.scope "
+                    "AND p.id = d.id AND p.version = d.version "
+                    "WHERE d.space = %s AND d.scope = %s AND d.id = %s", key).fetchone()
+                if row is not None:
+                    out[key] = row
+            return out
+
+        now = self._run("commit()", read)
+        last = {step.write.key: step for step in plan}  # each key's final write
+        first = {}
+        for step in plan:
+            first.setdefault(step.write.key, step)
+        landed = not_sent = True
+        for key, step in last.items():
+            row = now.get(key)
+            expect = first[key].write.expect
+            before = (row is None) if expect in (None, 0) else (
+                row is not None and row[0] == expect)
+            mine = row is not None and (
+                (step.kind == "put" and row[1] == row[0] and row[2] == step.text)
+                or (step.kind == "append" and row[3] == step.text))
+            landed &= mine
+            not_sent &= before or expect is None
+        if landed:
+            return {key: now[key][0] for key in last}
+        if not_sent:
+            return None
+        raise StorageError(
+            f"PostgreSQL store {self.url}: the connection was lost while committing; the "
+            f"commit may or may not have been stored (other writers have written since). "
+            f"Load the documents to see")
+
+
+def _statement(step: _Step) -> tuple[str, tuple[Any, ...]]:
+    """The SQL of one write and its arguments (the notification's payload given when the
+    new version is known here, else built by the server)."""
+    w, text, key = step.write, step.text, step.write.key
+    version = None if w.expect is None else w.expect + 1
+    payload = _payload(key, version)
+    tail = (payload, *key)
+    if step.kind == "append":
+        return _APPEND, (len(text), *key, w.expect, *key, text, *tail)
+    if w.expect is None:
+        return _UPSERT, (*key, len(text), text, *key, *tail)
+    if w.expect == 0:
+        return _CREATE, (*key, len(text), text, *tail)
+    return _PUT, (len(text), text, *key, w.expect, *key, *tail)
+
+
+def _payload(key: DocKey, version: int | None) -> str | None:
+    """One write's notification: ``[[space, scope, id, version]]``; ``"*"`` (recheck) for a
+    key too long to send; None to let the server write it (the version known only there)."""
+    entry = json.dumps([[key.space, key.scope, key.id, version or 10**18]],
+                       separators=(",", ":"))
+    if len(entry.encode()) >= NOTIFY_LIMIT:
+        return "*"
+    return None if version is None else entry
+
+
+class _Cached(NamedTuple):
+    """A document as a commit needs it: its version, value (owned: patched in place) and
+    the sizes of its base and log."""
+
+    version: int
+    value: Any
+    log_size: int
+    base_size: int
 
 
 class _Step:
-    """One write of a commit, ready before ``BEGIN``: ``put`` a whole value (``text``) or
-    append a ``patch`` (``text``; ``value`` is the document after it, for the cache and a
-    compaction; ``snapshot`` that value as text, when a later patch of this commit changes
-    the same object before the compaction would serialise it)."""
+    """One write of a commit, ready before anything is sent: ``put`` a whole value
+    (``text``) or ``append`` a patch (``text``). ``owned`` is the document after it when
+    the store owns that value (not the caller's), kept in the cache after the commit;
+    ``log_size``/``base_size`` what the row will hold."""
 
-    __slots__ = ("kind", "snapshot", "text", "value", "write")
+    __slots__ = ("base_size", "kind", "log_size", "owned", "text", "write")
 
-    def __init__(self, kind: str, write: Write, text: str, value: Any = None) -> None:
-        self.kind = kind
+    def __init__(self, write: Write, text: str, kind: str, owned: Any = None) -> None:
         self.write = write
         self.text = text
-        self.value = value
-        self.snapshot: str | None = None
+        self.kind = kind
+        self.owned = owned
+        self.log_size = 0
+        self.base_size = 0
 
 
-class _Unsent(Exception):
-    """The connection died before ``COMMIT`` was sent: safe to run the commit again."""
+class _Lost(Exception):
+    """The connection was lost while a commit was on its way: ``_resolve`` finds out
+    whether it landed."""
 
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def _rollback(conn: Any) -> None:
-    try:
-        conn.execute("ROLLBACK")
-    except Exception:  # the connection is gone: the server rolled back
-        pass
 
 
 def _is_disconnect(e: BaseException) -> bool:

@@ -172,3 +172,76 @@ async def test_close_ends_the_stores_feeds(pg_url: str) -> None:
     finally:
         writer.close()
         reader.close()
+
+
+class _LoseReply:
+    """The connection dies around a commit (the network edge): before it reaches the
+    server, or after the server committed it but before the reply came back."""
+
+    def __init__(self, store: PostgresStore, *, after: bool, then: Any = None) -> None:
+        self.store, self.after, self.then = store, after, then
+        self.real = store._commit
+        self.calls = 0
+
+    def __call__(self, conn: Any, plan: Any) -> Any:
+        from runtime.storage.postgres import _Lost
+
+        self.calls += 1
+        if self.calls > 1:
+            return self.real(conn, plan)
+        if self.after:
+            self.real(conn, plan)
+            if self.then is not None:
+                self.then()
+        raise _Lost(psycopg.OperationalError("server closed the connection unexpectedly"))
+
+
+@pytest.mark.parametrize("patch", [False, True], ids=["put", "append"])
+def test_a_commit_whose_reply_was_lost_is_found_landed_not_applied_twice(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, patch: bool,
+) -> None:
+    s = PostgresStore(pg_url)
+    try:
+        s.commit([Write(A, {"items": [0]})])
+        lose = _LoseReply(s, after=True)
+        monkeypatch.setattr(s, "_commit", lose)
+        write = (Write(A, None, expect=1, patch=((("items", 1), 1),)) if patch
+                 else Write(A, {"items": [0, 1]}, expect=1))
+        assert s.commit([write]) == {A: 2}
+        assert lose.calls == 1  # read back, not sent again
+        assert s.load(A) == Stored({"items": [0, 1]}, 2)
+    finally:
+        s.close()
+
+
+def test_a_commit_lost_before_it_reached_the_server_is_sent_once_more(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = PostgresStore(pg_url)
+    try:
+        s.commit([Write(A, [0])])
+        lose = _LoseReply(s, after=False)
+        monkeypatch.setattr(s, "_commit", lose)
+        assert s.commit([Write(A, None, expect=1, patch=(((1,), 1),)),
+                         Write(DocKey("pg", "", "b"), "new", expect=0)]) == {
+            A: 2, DocKey("pg", "", "b"): 1}
+        assert lose.calls == 2
+        assert s.load(A) == Stored([0, 1], 2)
+    finally:
+        s.close()
+
+
+def test_a_lost_commit_that_cannot_be_told_apart_says_so(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s, other = PostgresStore(pg_url), PostgresStore(pg_url)
+    try:
+        s.commit([Write(A, [0])])
+        lose = _LoseReply(s, after=True, then=lambda: other.commit([Write(A, ["theirs"])]))
+        monkeypatch.setattr(s, "_commit", lose)
+        with pytest.raises(StorageError, match="may or may not have been stored"):
+            s.commit([Write(A, None, expect=1, patch=(((1,), 1),))])
+        assert s.load(A) == Stored(["theirs"], 3)
+    finally:
+        s.close()
+        other.close()
