@@ -124,7 +124,9 @@ class Runtime:
                  max_event_chain: int = MAX_CHAIN, model: Any = None,
                  lease_ttl: float | None = None, follow: bool = True) -> None:
         self.store = open_store(store)
-        self.follow = follow
+        # a memory store made here from "memory" has no writer but this runtime: nothing
+        # to follow (and its own commits would only wake the follower for nothing)
+        self.follow = follow and not (isinstance(store, str) and store == "memory")
         self.clock = clock
         self.model = model  # the default model of builtins (a name or a runtime.llm Model)
         self.lease = ProcessLease(self.store, DEFAULT_TTL if lease_ttl is None else lease_ttl)

@@ -30,12 +30,13 @@ check that lets a commit skip reading heads (``PRAGMA data_version``): with leas
 every few seconds, a commit then reads its documents' heads once per renewal, not per commit.
 
 The change feed (``runtime.storage.feed``): every commit also appends its keys and new
-versions to ``changes`` (one statement; the oldest rows beyond the newest
-``CHANGES_KEPT`` are deleted now and then). ``watch()`` polls ``PRAGMA data_version`` on a
-connection of its own every ``feed_interval`` seconds (default 0.05: a read of shared
-memory, no I/O) and reads the rows after the last one it saw only when another connection
-committed; a gap (rows deleted before it read them) is a ``RECHECK``. So the processes of
-one host sharing a file see each other's commits within the interval.
+versions to ``changes``, marked with the store's origin (one statement; the oldest rows
+beyond the newest ``CHANGES_KEPT`` are deleted every ``PRUNE_EVERY`` rows). ``watch()``
+polls ``PRAGMA data_version`` on a connection of its own every ``feed_interval`` seconds
+(default 0.05: a read of shared memory, no I/O) and reads the rows after the last one it
+saw only when another connection committed, skipping its own store's in SQL; a gap (rows
+deleted before it read them) is a ``RECHECK``. So the processes of one host sharing a
+file see each other's commits within the interval.
 
 A file from before the log (only ``docs``), the leases or the feed opens as it is: the
 missing tables are created.
@@ -121,6 +122,7 @@ CREATE TABLE IF NOT EXISTS leases (
 _CHANGES = """
 CREATE TABLE IF NOT EXISTS changes (
     seq     INTEGER PRIMARY KEY,
+    origin  INTEGER NOT NULL,
     space   TEXT NOT NULL,
     scope   TEXT NOT NULL,
     id      TEXT NOT NULL,
@@ -136,6 +138,15 @@ _RENEW = (
     "SET expires=excluded.expires WHERE leases.expires > ?"
 )
 _WHERE = "space=? AND scope=? AND id=?"
+_CHANGE = "INSERT INTO changes (origin, space, scope, id, version) VALUES (?,?,?,?,?)"
+_CHANGES: dict[int, str] = {}  # the statement for n changes (n <= 1000), made once
+
+
+def _changes(n: int) -> str:
+    sql = _CHANGES.get(n)
+    if sql is None:
+        sql = _CHANGES[n] = _CHANGE + ",(?,?,?,?,?)" * (n - 1)
+    return sql
 _BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (low byte of the extended code)
 
 
@@ -168,6 +179,8 @@ class SQLiteStore:
                  feed_interval: float = DEFAULT_FEED_INTERVAL) -> None:
         self.path = str(path)
         self.feed_interval = poll_interval(feed_interval, "SQLiteStore(feed_interval=...)")
+        # this store's mark on its rows of the feed: its own watch() skips them in SQL
+        self._origin = random.getrandbits(62)
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (
             0 <= busy_timeout < float("inf")
         ):
@@ -488,15 +501,20 @@ class SQLiteStore:
                 out[key] = new
             # the feed's rows; every PRUNE_EVERY rows written (by any process) the oldest
             # beyond CHANGES_KEPT go, so the table stays bounded however processes come and go
-            items = list(out.items())
-            for i in range(0, len(items), 1000):  # SQLite's limit on ? per statement
-                chunk = items[i:i + 1000]
-                last = max(r[0] for r in db.execute(
-                    "INSERT INTO changes (space, scope, id, version) VALUES "
-                    + ",".join(["(?,?,?,?)"] * len(chunk)) + " RETURNING seq",
-                    [x for k, v in chunk for x in (*k, v)]))
-                if last // PRUNE_EVERY != (last - len(chunk)) // PRUNE_EVERY:
+            if len(out) == 1:  # the usual commit: one statement SQLite has compiled
+                for key, version in out.items():
+                    last = db.execute(_CHANGE, (self._origin, *key, version)).lastrowid
+                if last % PRUNE_EVERY == 0:
                     db.execute("DELETE FROM changes WHERE seq <= ?", (last - CHANGES_KEPT,))
+            else:
+                items = list(out.items())
+                for i in range(0, len(items), 1000):  # SQLite's limit on ? per statement
+                    chunk = items[i:i + 1000]
+                    last = db.execute(_changes(len(chunk)), [
+                        x for k, v in chunk for x in (self._origin, *k, v)]).lastrowid
+                    if last // PRUNE_EVERY != (last - len(chunk)) // PRUNE_EVERY:
+                        db.execute("DELETE FROM changes WHERE seq <= ?",
+                                   (last - CHANGES_KEPT,))
             if patch_rows:  # one statement each for all the commit's documents
                 db.executemany(
                     "INSERT INTO patches (space, scope, id, version, patch) VALUES (?,?,?,?,?)",
@@ -608,20 +626,26 @@ class _Poller:
         if seen == self._seen:
             return None
         self._seen = seen
-        rows = db.execute("SELECT seq, space, scope, id, version FROM changes WHERE seq > ? "
-                          "ORDER BY seq", (self._last,)).fetchall()
-        if not rows:
+        top, first = db.execute("SELECT coalesce(max(seq), 0), min(seq) FROM changes "
+                                "WHERE seq > ?", (self._last,)).fetchone()
+        if first is None:
             top = db.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()[0]
             if top < self._last:  # the table was emptied or replaced: numbering restarted
                 self._last = top
                 return {}
             return None  # a commit without changes (a lease renewed)
-        gap = rows[0][0] != self._last + 1
-        self._last = rows[-1][0]
+        gap = first != self._last + 1
+        # the store's own commits are skipped here, in SQLite: its runtime has them
+        rows = db.execute("SELECT space, scope, id, version FROM changes WHERE seq > ? AND "
+                          "seq <= ? AND origin != ?", (self._last, top, self._store._origin)
+                          ).fetchall()
+        self._last = top
         if gap:
             return {}
+        if not rows:
+            return None
         out: Changes = {}
-        for _, space, scope, id_, version in rows:
+        for space, scope, id_, version in rows:
             key = DocKey(space, scope, id_)
             if out.get(key, -1) < version:
                 out[key] = version

@@ -289,8 +289,8 @@ async def test_one_unreadable_document_does_not_stop_the_others_catching_up(
         db.execute("UPDATE docs SET value='{not json', version=version+1 WHERE id=?",
                    (other.id,))
         db.execute("UPDATE docs SET value='1', version=version+1 WHERE id=?", (count.id,))
-        db.execute("INSERT INTO changes (space, scope, id, version) SELECT space, scope, id, "
-                   "version FROM docs WHERE id IN (?, ?)", (other.id, count.id))
+        db.execute("INSERT INTO changes (origin, space, scope, id, version) SELECT 0, space, "
+                   "scope, id, version FROM docs WHERE id IN (?, ?)", (other.id, count.id))
         db.commit()
         db.close()
         with anyio.fail_after(WAIT):
@@ -466,3 +466,30 @@ async def test_postgres_the_feed_can_listen_on_another_route(pg_url: str, pg_clu
 def test_postgres_a_listen_url_that_is_not_one_is_refused() -> None:
     with pytest.raises(StoreConfigError, match=r"listen_url.*libpq URL"):
         PostgresStore("postgresql://me:pw@localhost/db?listen_url=redis%3A%2F%2Fx")
+
+
+async def test_sqlite_a_store_does_not_hear_its_own_commits_but_its_neighbour_does(
+    tmp_path: Path,
+) -> None:
+    """Rows the watching store wrote itself are skipped in SQL (its runtime has them);
+    another store on the same file, even in this process, hears them."""
+    one = SQLiteStore(tmp_path / "own.db", feed_interval=0.01)
+    two = SQLiteStore(tmp_path / "own.db", feed_interval=0.01)
+    try:
+        async with one.watch() as mine, two.watch() as theirs:
+            assert await batch(mine) is RECHECK and await batch(theirs) is RECHECK
+            one.commit([Write(A, 1)])
+            two.commit([Write(B, 1)])
+            assert await until(theirs, {A: 1}) == {A: 1}  # not its own B
+            assert await batch(mine) == {B: 1}  # only the neighbour's
+    finally:
+        one.close()
+        two.close()
+
+
+async def test_a_runtime_on_a_memory_store_of_its_own_follows_nothing() -> None:
+    async with Runtime() as rt:
+        assert rt.follow is False  # no other writer can exist
+    shared = MemoryStore()
+    async with Runtime(store=shared) as rt:
+        assert rt.follow is True  # another runtime may share this object
