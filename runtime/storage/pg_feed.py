@@ -1,9 +1,10 @@
 """The PostgreSQL change feed: ``pg_notify`` payloads, and the connection that listens.
 
-A commit notifies channel ``celldialog`` with the keys and new versions it wrote, as JSON
-lists of ``[space, scope, id, version]``, each payload under ``NOTIFY_LIMIT`` bytes
-(PostgreSQL refuses 8,000). An entry too large for one notification makes the payload
-``"*"``: readers then compare everything they hold (``RECHECK``).
+Each write of a commit notifies channel ``celldialog`` with its key and new version, as
+``[[space, scope, id, version]]`` (``payload``), in the commit's transaction: delivered
+only if it commits, and then together. A key too long for one notification (PostgreSQL
+refuses 8,000 bytes) sends ``"*"`` instead: readers then compare everything they hold
+(``RECHECK``).
 
 Anyone who may connect may ``NOTIFY`` (PostgreSQL has no privilege for it), so what arrives
 is checked: a payload that is not ours is ignored, and a ``"*"`` arriving less than
@@ -25,7 +26,7 @@ from .base import DocKey
 from .feed import RECHECK, Changes, merge
 from .pg_url import redact, scrub, secrets_of
 
-__all__ = ["CHANNEL", "NOTIFY_LIMIT", "Listener", "parse_payload", "payloads"]
+__all__ = ["CHANNEL", "NOTIFY_LIMIT", "Listener", "parse_payload", "payload"]
 
 log = logging.getLogger("celldialog.postgres")
 
@@ -36,28 +37,20 @@ HEALTHY_AFTER = 5.0  # seconds a connection must last before the backoff starts 
 _NOT_OURS: Any = object()
 
 
-def payloads(changes: Changes) -> list[str]:
-    """``changes`` as ``pg_notify`` payloads, each under ``NOTIFY_LIMIT`` bytes."""
-    out: list[str] = []
-    chunk: list[str] = []
-    size = 2
-    for key, version in changes.items():
-        entry = json.dumps([key.space, key.scope, key.id, version], separators=(",", ":"))
-        if len(entry) + 2 > NOTIFY_LIMIT:
-            return ["*"]
-        if size + len(entry) + 1 > NOTIFY_LIMIT:
-            out.append("[" + ",".join(chunk) + "]")
-            chunk, size = [], 2
-        chunk.append(entry)
-        size += len(entry) + 1
-    if chunk:
-        out.append("[" + ",".join(chunk) + "]")
-    return out
+def payload(key: DocKey, version: int | None) -> str | None:
+    """One write's notification, ``[[space, scope, id, version]]``; ``"*"`` for a key too
+    long to send; None when the version is known only to the server (it writes the same
+    shape itself)."""
+    entry = json.dumps([[key.space, key.scope, key.id, version or 10**18]],
+                       separators=(",", ":"))
+    if len(entry.encode()) >= NOTIFY_LIMIT:
+        return "*"
+    return None if version is None else entry
 
 
 def parse_payload(payload: str) -> Changes | Any | None:
     """A notification's keys and versions; ``RECHECK`` for ``"*"``; ``_NOT_OURS`` for
-    anything else (``payloads`` never writes it: someone else's, ignored)."""
+    anything else (``payload`` never writes it: someone else's, ignored)."""
     if payload == "*":
         return RECHECK
     try:

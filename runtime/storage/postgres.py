@@ -15,25 +15,31 @@ Our own options ride in the same query string and are taken out before libpq see
 
 Tables (created on first open, under an advisory lock so processes starting together do not
 race): ``celldialog_docs`` has one row per document: its current version, a base value and
-the base's version; ``celldialog_patches`` the patches committed since the base, one row per
-version; ``celldialog_leases`` the leases, on the server's clock (``clock_timestamp()``), the
-one every machine sharing the database reads. As in SQLite, a patch is appended, not merged,
-and the base is rewritten when the log outgrows it: a write costs what it changes.
+the base's version, and the sizes of the base and its log; ``celldialog_patches`` the
+patches committed since the base, one row per version; ``celldialog_leases`` the leases, on
+the server's clock (``clock_timestamp()``), the one every machine sharing the database
+reads. As in SQLite, a patch is appended, not merged, and a patch that would make the log
+larger than the base is written as the whole value instead: a write costs what it changes,
+and a load at most twice the document's size.
 
-A commit is one transaction. Values and patches are serialised, and patches checked against
-the value they apply to, before ``BEGIN``; inside it each write is one conditional statement
+A commit is one round trip. Values and patches are serialised, and patches checked against
+the value they apply to, before anything is sent (the value comes from a small cache of
+documents this store wrote, or is read). Each write is one conditional statement
 (``UPDATE ... WHERE version = expect``, ``INSERT ... ON CONFLICT DO NOTHING`` to create if
-absent): a row count short of one rolls everything back and raises ``ConflictError``. Writes
-go in key order, so two commits never deadlock on each other's rows. The same transaction
-sends ``pg_notify('celldialog', ...)`` with the keys and new versions (no values), split
-under 8,000 bytes: the change feed (``runtime.storage.feed``), which ``watch()`` follows on
-one listening connection of its own (psycopg's async connection).
+absent) that also sends ``pg_notify('celldialog', ...)`` with its key and new version (the
+change feed, ``pg_feed.py``) and, when its row is not at the expected version, raises
+SQLSTATE ``CD409`` (``celldialog_conflict()``). The statements go in one pipeline, which
+PostgreSQL runs as one implicit transaction: the error undoes them all, notifications
+included, and becomes ``ConflictError`` naming the document. Writes go in key order, so two
+commits never deadlock on each other's rows.
 
-Connections: idle ones are closed after ``max_idle`` (a cloud database kills them
-anyway) and TCP keepalives are on, so a long model call never finds a dead socket. A
-connection lost before ``COMMIT`` was sent is retried once on a new one (nothing was
-committed); one lost during ``COMMIT`` raises ``StorageError`` saying the outcome is unknown.
-Errors never show the URL's password.
+Connections: idle ones are closed after ``MAX_IDLE`` (a cloud database kills them anyway),
+TCP keepalives are on and connecting times out after 10 s, so a long model call never finds
+a dead socket. A read that finds its connection dead is retried once on a connection the
+pool has just checked. A commit that loses its connection is read back: if it landed, its
+versions are returned; if nothing of it did, it is sent once more; if others wrote since,
+``StorageError`` says the outcome is unknown. Errors never show the URL's passwords
+(``pg_url.py``).
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ from .base import (
 )
 from .feed import Changes
 from .patch import MISSING, apply_patch, conflict, copy_value, describe
-from .pg_feed import NOTIFY_LIMIT, Listener
+from .pg_feed import Listener, payload
 from .pg_url import (
     check_busy_timeout,
     check_listen_url,
@@ -699,8 +705,8 @@ def _statement(step: _Step) -> tuple[str, tuple[Any, ...]]:
     new version is known here, else built by the server)."""
     w, text, key = step.write, step.text, step.write.key
     version = None if w.expect is None else w.expect + 1
-    payload = _payload(key, version)
-    tail = (payload, *key)
+    notification = payload(key, version)
+    tail = (notification, *key)
     if step.kind == "append":
         return _APPEND, (len(text), *key, w.expect, *key, text, *tail)
     if w.expect is None:
@@ -708,16 +714,6 @@ def _statement(step: _Step) -> tuple[str, tuple[Any, ...]]:
     if w.expect == 0:
         return _CREATE, (*key, len(text), text, *tail)
     return _PUT, (len(text), text, *key, w.expect, *key, *tail)
-
-
-def _payload(key: DocKey, version: int | None) -> str | None:
-    """One write's notification: ``[[space, scope, id, version]]``; ``"*"`` (recheck) for a
-    key too long to send; None to let the server write it (the version known only there)."""
-    entry = json.dumps([[key.space, key.scope, key.id, version or 10**18]],
-                       separators=(",", ":"))
-    if len(entry.encode()) >= NOTIFY_LIMIT:
-        return "*"
-    return None if version is None else entry
 
 
 class _Cached(NamedTuple):

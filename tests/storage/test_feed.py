@@ -33,7 +33,7 @@ from runtime.storage import (
     pg_feed,
 )
 from runtime.storage import sqlite as sqlite_module
-from runtime.storage.pg_feed import _NOT_OURS, NOTIFY_LIMIT, parse_payload, payloads
+from runtime.storage.pg_feed import _NOT_OURS, parse_payload, payload
 
 pytestmark = pytest.mark.anyio
 WAIT = 10.0
@@ -321,21 +321,12 @@ async def test_sqlite_in_memory_has_a_feed_that_only_rechecks_once() -> None:
 # ------------------------------------------------------------- PostgreSQL specifics
 
 
-def test_payloads_stay_under_the_limit_and_round_trip() -> None:
-    changes = {DocKey("s" * 50, f"user:{i}", "d" * 60): i for i in range(400)}
-    parts = payloads(changes)
-    assert len(parts) > 1
-    assert all(len(p.encode()) < NOTIFY_LIMIT for p in parts)
-    merged: dict[DocKey, int] = {}
-    for p in parts:
-        got = parse_payload(p)
-        assert got is not None
-        merged.update(got)
-    assert merged == changes
-
-
-def test_an_entry_too_large_for_a_notification_becomes_a_recheck() -> None:
-    assert payloads({DocKey("s", "", "x" * 9000): 1, A: 2}) == ["*"]
+def test_a_payload_round_trips_and_a_key_too_long_to_send_is_a_recheck() -> None:
+    key = DocKey("s" * 50, "user:é", "d" * 60)
+    assert parse_payload(payload(key, 7)) == {key: 7}
+    assert payload(key, None) is None  # the server writes it, knowing the version
+    huge = DocKey("s", "", "x" * 9000)
+    assert payload(huge, 1) == "*" and payload(huge, None) == "*"
     assert parse_payload("*") is RECHECK
 
 
@@ -347,7 +338,7 @@ def test_a_payload_that_is_not_ours_is_ignored_never_an_error(hostile: str) -> N
     assert parse_payload(hostile) is _NOT_OURS
 
 
-async def test_postgres_many_keys_arrive_split_across_notifications(pg_url: str) -> None:
+async def test_postgres_every_key_of_a_large_commit_arrives(pg_url: str) -> None:
     writer, reader = PostgresStore(pg_url), PostgresStore(pg_url)
     try:
         keys = [DocKey("feed", f"user:{'u' * 40}{i}", "x" * 40) for i in range(300)]
