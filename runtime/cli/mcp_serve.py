@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import pattern_args, scope_options, store_url
+from .common import pattern_args, scope_options, store_option, store_url
 
 if TYPE_CHECKING:
     from ..cells import Instance, Pattern, Runtime
@@ -35,8 +35,7 @@ WRAPPED = "event"  # the key a non-object event travels under
 @click.argument("pattern")
 @click.option("--args", "args_json", default=None, metavar="JSON",
               help="The pattern's arguments, a JSON object.")
-@click.option("--store", default=None, metavar="URL",
-              help="memory (default), sqlite:///path.db, or a path to a SQLite file.")
+@store_option("memory")
 @scope_options
 @click.option("--model", default=None, metavar="NAME",
               help="The model the pattern's dialogs use (default: as `celldialog models`).")

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from .common import parse_json, pattern_args, scope_options, store_url
+from .common import parse_json, pattern_args, scope_options, store_option, store_url
 from .errors import CliError, UsageProblem
 
 __all__ = ["command"]
@@ -37,8 +37,7 @@ def _split_send(text: str) -> tuple[str, Any]:
               help="The pattern's arguments, a JSON object.")
 @click.option("--send", "sends", multiple=True, metavar="STREAM=JSON",
               help="Send an event to a stream of the result (repeatable, in order).")
-@click.option("--store", default=None, metavar="URL",
-              help="memory (default), sqlite:///path.db, or a path to a SQLite file.")
+@store_option("memory")
 @scope_options
 @click.option("--model", default=None, metavar="NAME",
               help="The model the pattern's dialogs use (default: as `celldialog models`).")

@@ -69,6 +69,22 @@ def test_run_persists_in_a_store_and_loads_a_file(env: dict[str, str], workdir: 
     assert json.loads(by_module.stdout) == {"n": 5, "start": 0}
 
 
+def test_run_persists_in_postgres_and_never_shows_its_password(
+    env: dict[str, str], workdir: Path, pg_url: str,
+) -> None:
+    (workdir / "app.py").write_text(APP)
+    for bump, want in ((2, 2), (3, 5)):  # a second process finds the first's documents
+        done = run(["run", "app.py", "--store", pg_url, "--send", f"bump={bump}"], env, workdir)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"n": want, "start": 0}
+    wrong = pg_url.replace("postgresql://postgres@", "postgresql://postgres:hunter22@") \
+        .replace("host=", "host=/nonexistent") + "&connect_timeout=2"
+    failed = run(["run", "app.py", "--store", wrong], env, workdir)
+    assert failed.returncode != 0
+    assert "cannot open PostgreSQL store" in failed.stderr and "***" in failed.stderr
+    assert "hunter22" not in failed.stderr + failed.stdout
+
+
 def test_run_a_dialog_pattern_against_a_loopback_model(env: dict[str, str], workdir: Path,
                                                         server: OpenAIServer) -> None:
     server.script(text("Hi, Ada."))
