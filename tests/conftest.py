@@ -1,6 +1,7 @@
 """Shared fixtures: anyio runs async tests on asyncio; a throwaway PostgreSQL per run."""
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -34,3 +35,12 @@ def pg_url(pg_cluster: "Cluster") -> Iterator[str]:
     url = pg_cluster.create_database()
     yield url
     pg_cluster.drop_database(conninfo_to_dict(url)["dbname"])
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """One database the processes of a test share: a SQLite file, or a fresh database of
+    the run's throwaway PostgreSQL cluster (the same tests run on both)."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite:///{tmp_path / 'shared.db'}"

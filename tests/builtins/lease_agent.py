@@ -90,5 +90,5 @@ async def _main(store: str, mode: str, ttl: float) -> None:
         print(json.dumps({"done": inst.result.key("pending").get()}), flush=True)
 
 
-def main(store: str, mode: str, ttl: float) -> None:
-    anyio.run(_main, store, mode, ttl)
+def main(store: str, mode: str, ttl: str) -> None:
+    anyio.run(_main, store, mode, float(ttl))

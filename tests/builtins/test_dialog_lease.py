@@ -4,13 +4,9 @@ valid history; a paused owner that comes back is fenced."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,21 +15,12 @@ import pytest
 from runtime import Runtime
 from runtime.llm import ScriptedModel
 
+from ..children import send, start, value
 from .lease_agent import lease_agent
 from .support import Gate, assert_valid_history, todo_agent
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """One database the processes of a test share: a SQLite file, or a fresh database of
-    the run's throwaway PostgreSQL cluster."""
-    if request.param == "postgres":
-        return request.getfixturevalue("pg_url")
-    return f"sqlite:///{tmp_path / 'shared.db'}"
 WAIT = 20  # seconds: a bound on every wait, never a pause
 
 
@@ -55,8 +42,8 @@ async def test_a_live_owner_silent_far_longer_than_the_old_bound_keeps_its_turn(
         assert texts == ["one", "the long answer"]
 
 
-async def test_another_process_leaves_a_live_turn_alone_past_several_ttls(shared):
-    store = shared
+async def test_another_process_leaves_a_live_turn_alone_past_several_ttls(shared_store):
+    store = shared_store
     ttl = 0.4
     model = Gate(["from A"])
     async with Runtime(store=store, model=model, lease_ttl=ttl) as a_rt, \
@@ -77,29 +64,15 @@ async def test_another_process_leaves_a_live_turn_alone_past_several_ttls(shared
 
 
 def _child(store: str, mode: str, ttl: float) -> subprocess.Popen[str]:
-    code = ("import sys; from tests.builtins.lease_agent import main; "
-            "main(sys.argv[1], sys.argv[2], float(sys.argv[3]))")
-    return subprocess.Popen([sys.executable, "-c", code, store, mode, str(ttl)], cwd=ROOT,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return start("tests.builtins.lease_agent", store, mode, ttl)
 
 
-def _line(proc: subprocess.Popen[str], key: str) -> Any:
-    """The next line the child prints that carries ``key`` (bounded by the child's exit)."""
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        record = json.loads(line)
-        if key in record:
-            return record[key]
-    raise AssertionError(f"the child exited ({proc.wait()}) before printing {key!r}")
-
-
-async def test_a_killed_owners_turn_is_recovered_within_the_ttl_with_a_valid_history(shared):
-    store = shared
+async def test_a_killed_owners_turn_is_recovered_within_the_ttl_with_a_valid_history(shared_store):
+    store = shared_store
     ttl = 2.0
     child = _child(store, "block", ttl)
     try:
-        holder = await anyio.to_thread.run_sync(_line, child, "blocked")
+        holder = await value(child, "blocked")
         child.send_signal(signal.SIGKILL)  # mid-turn: its step's calls have no results
         killed = time.monotonic()
         child.wait(WAIT)
@@ -128,13 +101,13 @@ async def test_a_killed_owners_turn_is_recovered_within_the_ttl_with_a_valid_his
         assert inst.result.key("pending").get() is False
 
 
-async def test_a_paused_owner_that_comes_back_is_fenced(shared):
-    store = shared
+async def test_a_paused_owner_that_comes_back_is_fenced(shared_store):
+    store = shared_store
     ttl = 1.0
     child = _child(store, "gate", ttl)
     try:
-        holder = await anyio.to_thread.run_sync(_line, child, "holder")
-        await anyio.to_thread.run_sync(_line, child, "waiting")  # its model call is open
+        holder = await value(child, "holder")
+        await value(child, "waiting")  # its model call is open
         child.send_signal(signal.SIGSTOP)
         async with Runtime(store=store, model=ScriptedModel(["from B"]),
                            lease_ttl=ttl) as rt:
@@ -145,10 +118,8 @@ async def test_a_paused_owner_that_comes_back_is_fenced(shared):
             await inst.send("send", "two")
             await rt.settled()
         child.send_signal(signal.SIGCONT)
-        assert child.stdin is not None
-        child.stdin.write("go\n")  # A's late reply arrives
-        child.stdin.flush()
-        await anyio.to_thread.run_sync(_line, child, "done")  # its turn ended
+        send(child)  # A's late reply arrives
+        await value(child, "done")  # its turn ended
         assert child.wait(WAIT) == 0
     finally:
         child.kill()
@@ -159,12 +130,12 @@ async def test_a_paused_owner_that_comes_back_is_fenced(shared):
         assert texts[0] == "one" and texts[-2:] == ["two", "from B"]
 
 
-async def test_a_cancel_from_another_process_stops_the_rest_of_the_step_and_the_model(shared):
+async def test_a_cancel_from_another_process_stops_the_rest_of_the_step_and_the_model(shared_store):
     """B's copy was read before A's turn began (a long-lived server): its cancel still
     reaches the turn, and A runs neither the step's later calls nor another model call."""
     from runtime.llm import Reply, call
 
-    store = shared
+    store = shared_store
     model = ScriptedModel([])
     async with Runtime(store=store, model=model) as a_rt, \
             Runtime(store=store, model=ScriptedModel([])) as b_rt:
@@ -213,27 +184,22 @@ async def _until(inst: Any, name: str, want: Any) -> None:
         stop()
 
 
-async def test_a_cancel_from_another_process_stops_the_owners_model_call_at_once(shared):
+async def test_a_cancel_from_another_process_stops_the_owners_model_call_at_once(shared_store):
     """A's model is in the middle of a reply that never ends. B, another process whose copy
     was read before A's turn began, sees the turn start and its streamed text through the
     change feed, and cancels it: A's model call is cancelled at once, not at a step
     boundary that would never come."""
-    child = _child(shared, "forever", 10.0)
+    child = _child(shared_store, "forever", 10.0)
     try:
-        async with Runtime(store=shared, model=ScriptedModel([])) as rt:
+        async with Runtime(store=shared_store, model=ScriptedModel([])) as rt:
             inst = rt.run(lease_agent, user="u", session="s")
             assert inst.result.key("pending").get() is False
-            child.stdin.write("\n")  # nothing reads it: the child goes on by itself
-            with anyio.fail_after(WAIT):
-                await anyio.to_thread.run_sync(_line, child, "waiting", abandon_on_cancel=True)
+            await value(child, "waiting")
             await _until(inst, "pending", True)  # A's commit reached B with nobody asking
             await _until(inst, "partial", "thinking about it")
             await inst.send("cancel", None)
-            with anyio.fail_after(WAIT):  # a child that is never cancelled fails, not hangs
-                cancelled = await anyio.to_thread.run_sync(_line, child, "cancelled",
-                                                           abandon_on_cancel=True)
-                assert await anyio.to_thread.run_sync(_line, child, "done",
-                                                      abandon_on_cancel=True) is False
+            cancelled = await value(child, "cancelled", WAIT)  # never cancelled: fails
+            assert await value(child, "done") is False
             assert child.wait(WAIT) == 0
             assert cancelled > 0
             assert inst.result.key("pending").get() is False
@@ -241,6 +207,6 @@ async def test_a_cancel_from_another_process_stops_the_owners_model_call_at_once
         assert rt.errors == []
     finally:
         child.kill()
-    async with Runtime(store=shared) as rt:
+    async with Runtime(store=shared_store) as rt:
         inst = rt.run(lease_agent, user="u", session="s")
         assert [m.text_content() for m in assert_valid_history(inst)] == ["one"]

@@ -66,5 +66,5 @@ async def _watch(store: str, until: int) -> None:
         say(seen=seen, errors=len(rt.errors))
 
 
-def main(store: str, mode: str, n: int) -> None:
-    anyio.run(_bump if mode == "bump" else _watch, store, n)
+def main(store: str, mode: str, n: str) -> None:
+    anyio.run(_bump if mode == "bump" else _watch, store, int(n))

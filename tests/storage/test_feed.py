@@ -18,7 +18,7 @@ import anyio
 import psycopg
 import pytest
 
-from runtime import Runtime, cell, computed, handler, pattern
+from runtime import Runtime, cell, pattern
 from runtime.errors import StorageError, StoreConfigError
 from runtime.storage import (
     RECHECK,
@@ -34,6 +34,8 @@ from runtime.storage import (
 )
 from runtime.storage import sqlite as sqlite_module
 from runtime.storage.pg_feed import _NOT_OURS, parse_payload, payload
+
+from .counter_agent import counter
 
 pytestmark = pytest.mark.anyio
 WAIT = 10.0
@@ -154,23 +156,11 @@ async def test_a_closed_store_ends_its_feed_or_refuses_it(pair: Any) -> None:
 # ---------------------------------------------------------------- through the runtime
 
 
-@handler
-def _bump(event: Any, count: Any) -> None:
-    count.set(count.get() + 1)
-
-
-@pattern(name="feed-counter")
-def _counter() -> dict[str, Any]:
-    count = cell(0, name="count")
-    doubled = computed(lambda: count.get() * 2, name="doubled")
-    return {"count": count, "doubled": doubled, "bump": _bump(count=count)}
-
-
 async def test_a_commit_in_one_runtime_recomputes_a_computed_in_another(pair: Any) -> None:
     writer, reader = pair
     async with Runtime(store=reader) as b_rt, Runtime(store=writer) as a_rt:
-        a = a_rt.run(_counter)
-        b = b_rt.run(_counter)
+        a = a_rt.run(counter)
+        b = b_rt.run(counter)
         seen: list[Any] = []
         arrived = anyio.Event()
 
@@ -191,19 +181,16 @@ async def test_a_commit_in_one_runtime_recomputes_a_computed_in_another(pair: An
     assert a_rt.errors == [] and b_rt.errors == []
 
 
-@pattern(name="feed-counter")
+@pattern(name="poisonable")
 def _poisonable() -> dict[str, Any]:
-    """The counter's documents (the same ids) and one more, which a test damages."""
-    count = cell(0, name="count")
-    doubled = computed(lambda: count.get() * 2, name="doubled")
-    return {"count": count, "doubled": doubled, "bump": _bump(count=count),
-            "other": cell("intact", name="other")}
+    """A counter and one more document, which a test damages."""
+    return {"count": cell(0, name="count"), "other": cell("intact", name="other")}
 
 
 async def test_follow_false_leaves_the_feed_alone(pair: Any) -> None:
     writer, reader = pair
     async with Runtime(store=reader, follow=False) as b_rt, Runtime(store=writer) as a_rt:
-        a, b = a_rt.run(_counter), b_rt.run(_counter)
+        a, b = a_rt.run(counter), b_rt.run(counter)
         await a.send("bump", None)
         await a_rt.settled()
         # no feed: B's copy moves only when B reads the store again (its next commit)
