@@ -373,36 +373,35 @@ class PostgresStore:
 
     def versions(self, keys: Sequence[DocKey]) -> dict[DocKey, int]:
         """The current version of each key that exists (a query per 1,000 keys)."""
-        self._check_open("versions()")
-        out: dict[DocKey, int] = {}
-        todo = list(dict.fromkeys(k for k in keys if not _has_nul(k)))
-        for i in range(0, len(todo), KEYS_PER_QUERY):
-            chunk = todo[i:i + KEYS_PER_QUERY]
-            rows = self._run("versions()", lambda conn, c=chunk: conn.execute(
-                _VERSIONS, _columns(c)).fetchall())
-            out.update((DocKey(s, sc, i_), v) for s, sc, i_, v in rows)
-        return out
+        return {DocKey(s, sc, i): v for s, sc, i, v in self._by_keys("versions()", _VERSIONS,
+                                                                     keys)}
 
     def load_many(self, keys: Sequence[DocKey]) -> dict[DocKey, Stored]:
         """The value and version of each key that exists (a query per 1,000 keys)."""
-        self._check_open("load_many()")
         out: dict[DocKey, Stored] = {}
+        current: DocKey | None = None
+        value: Any = None
+        for space, scope, id_, version, text, patch in self._by_keys("load_many()",
+                                                                     _LOAD_MANY, keys):
+            key = DocKey(space, scope, id_)
+            if key != current:
+                current, value = key, self._decode(key, text)
+            if patch is not None:
+                value = apply_patch(key, value, self._decode(key, patch), copy_values=False)
+            out[key] = Stored(value, version)
+        return out
+
+    def _by_keys(self, what: str, sql: str, keys: Sequence[DocKey]) -> list[Any]:
+        """The rows of ``sql`` for ``keys`` (each once; NUL-holding ones cannot exist),
+        1,000 keys a query; a key's rows are never split between queries."""
+        self._check_open(what)
         todo = list(dict.fromkeys(k for k in keys if not _has_nul(k)))
+        rows: list[Any] = []
         for i in range(0, len(todo), KEYS_PER_QUERY):
             chunk = todo[i:i + KEYS_PER_QUERY]
-            rows = self._run("load_many()", lambda conn, c=chunk: conn.execute(
-                _LOAD_MANY, _columns(c)).fetchall())
-            current: DocKey | None = None
-            value: Any = None
-            for space, scope, id_, version, text, patch in rows:
-                key = DocKey(space, scope, id_)
-                if key != current:
-                    current, value = key, self._decode(key, text)
-                if patch is not None:
-                    value = apply_patch(key, value, self._decode(key, patch),
-                                        copy_values=False)
-                out[key] = Stored(value, version)
-        return out
+            rows += self._run(what, lambda conn, c=chunk: conn.execute(
+                sql, _columns(c)).fetchall())
+        return rows
 
     @asynccontextmanager
     async def watch(self) -> AsyncIterator[AsyncIterator[Changes | None]]:
