@@ -29,9 +29,14 @@ the next release. A renewal by another process counts as a commit to the file fo
 check that lets a commit skip reading heads (``PRAGMA data_version``): with leases renewed
 every few seconds, a commit then reads its documents' heads once per renewal, not per commit.
 
-The change feed (``runtime.storage.feed``): every commit also appends its keys and new
-versions to ``changes``, marked with the store's origin (one statement; the oldest rows
-beyond the newest ``CHANGES_KEPT`` are deleted every ``PRUNE_EVERY`` rows). ``watch()``
+The change feed (``runtime.storage.feed``): while another store watches the file (a row
+in ``watchers``, renewed every ``WATCH_TTL``/3 seconds while its feed is open), every
+commit also appends its keys and new versions to ``changes``, marked with the store's
+origin (one statement; the oldest rows beyond the newest ``CHANGES_KEPT`` are deleted every
+``PRUNE_EVERY`` rows). Whether anyone watches is read when another connection has
+committed since (``PRAGMA data_version``, which a watcher's arrival moves), so a process
+alone on its file writes nothing for a feed. A watcher whose row expired (a long pause)
+rechecks everything it holds. ``watch()``
 polls ``PRAGMA data_version`` on a connection of its own every ``feed_interval`` seconds
 (default 0.05: a read of shared memory, no I/O) and reads the rows after the last one it
 saw only when another connection committed, skipping its own store's in SQL; a gap (rows
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import sqlite3
 import time
@@ -76,7 +82,8 @@ DEFAULT_BUSY_TIMEOUT = 5.0
 DEFAULT_FEED_INTERVAL = 0.05
 CACHED_DOCS = 256  # documents whose current value is kept to check patches against
 CHANGES_KEPT = 10_000  # rows of the change feed kept for readers that fall behind
-PRUNE_EVERY = 500  # commits of one connection between deletions of old changes
+PRUNE_EVERY = 500  # rows of the change feed between deletions of old ones
+WATCH_TTL = 60.0  # seconds a watcher's row lasts unless renewed (every third of it)
 
 # ``version`` before ``value``: reading a row's version must not walk a large value's
 # overflow pages (files from before the log have them the other way round; they work)
@@ -129,8 +136,16 @@ CREATE TABLE IF NOT EXISTS changes (
     version INTEGER NOT NULL
 )
 """
+# the stores whose feed is open (one row each, renewed while it is): a commit writes its
+# rows in ``changes`` only while another store watches the file
+_WATCHERS = """
+CREATE TABLE IF NOT EXISTS watchers (
+    origin  INTEGER PRIMARY KEY,
+    expires REAL NOT NULL
+)
+"""
 _TABLES = {"docs": _DOCS, "heads": _HEADS, "patches": _PATCHES, "leases": _LEASES,
-           "changes": _CHANGES}
+           "changes": _CHANGES, "watchers": _WATCHERS}
 # create (row count 1), extend an unexpired lease (1), or leave an expired one (0): one
 # atomic statement, so two processes renewing and judging one lease never interleave
 _RENEW = (
@@ -181,6 +196,7 @@ class SQLiteStore:
         self.feed_interval = poll_interval(feed_interval, "SQLiteStore(feed_interval=...)")
         # this store's mark on its rows of the feed: its own watch() skips them in SQL
         self._origin = random.getrandbits(62)
+        self._watched = True  # until a commit has looked: does another store watch?
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (
             0 <= busy_timeout < float("inf")
         ):
@@ -453,6 +469,11 @@ class SQLiteStore:
             if seen != self._data_version:
                 heads.clear()
                 self._data_version = seen
+                # does another store watch the file? (a watcher's arrival is a commit, so
+                # the answer holds while no other connection commits)
+                self._watched = db.execute(
+                    "SELECT EXISTS (SELECT 1 FROM watchers WHERE origin != ? AND expires > ?)",
+                    (self._origin, time.time())).fetchone()[0]
             for w in writes:
                 key = w.key
                 known = heads.pop(key, None)
@@ -501,7 +522,9 @@ class SQLiteStore:
                 out[key] = new
             # the feed's rows; every PRUNE_EVERY rows written (by any process) the oldest
             # beyond CHANGES_KEPT go, so the table stays bounded however processes come and go
-            if len(out) == 1:  # the usual commit: one statement SQLite has compiled
+            if not self._watched:
+                pass  # nobody else follows the file: no rows (no page written) for a feed
+            elif len(out) == 1:  # the usual commit: one statement SQLite has compiled
                 for key, version in out.items():
                     last = db.execute(_CHANGE, (self._origin, *key, version)).lastrowid
                 if last % PRUNE_EVERY == 0:
@@ -573,6 +596,7 @@ class _Poller:
         self._db: sqlite3.Connection | None = None
         self._seen: int | None = None  # data_version last read
         self._last = 0  # the last change row read
+        self._renewed = -math.inf  # when its row in ``watchers`` was last renewed
 
     def __aiter__(self) -> AsyncIterator[Changes | None]:
         return self
@@ -598,6 +622,8 @@ class _Poller:
                 return RECHECK
             await anyio.sleep(store.feed_interval)  # the poll's period
             try:
+                if time.monotonic() - self._renewed > WATCH_TTL / 3 and not self._renew():
+                    return RECHECK  # its row had expired (a long pause): rows were missed
                 batch = self._poll()
             except sqlite3.Error as e:
                 log.warning("SQLite store %r: the change feed's read failed (retrying): %s",
@@ -610,13 +636,32 @@ class _Poller:
     def _open(self) -> None:
         db = sqlite3.connect(self._store.path, timeout=self._store.busy_timeout,
                              isolation_level=None)
+        self._db = db
         try:
+            self._renew()  # watched from now on: writers add rows for it (then the recheck)
             self._seen = db.execute("PRAGMA data_version").fetchone()[0]
             self._last = db.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()[0]
         except BaseException:
+            self._db = None
             db.close()
             raise
-        self._db = db
+
+    def _renew(self) -> bool:
+        """Write (or extend) this store's row in ``watchers``; False if it had expired or
+        was gone, so commits may have skipped their rows meanwhile."""
+        db = self._db
+        assert db is not None
+        now = time.time()
+        origin = self._store._origin
+        kept = db.execute("UPDATE watchers SET expires = ? WHERE origin = ? AND expires > ?",
+                          (now + WATCH_TTL, origin, now)).rowcount == 1
+        if not kept:
+            db.execute("INSERT INTO watchers (origin, expires) VALUES (?, ?) ON CONFLICT "
+                       "(origin) DO UPDATE SET expires = excluded.expires",
+                       (origin, now + WATCH_TTL))
+            db.execute("DELETE FROM watchers WHERE expires < ?", (now - WATCH_TTL,))
+        self._renewed = time.monotonic()
+        return kept
 
     def _poll(self) -> Changes | None:
         """None: nothing new; {}: a gap (re-check); else the new versions."""
@@ -654,4 +699,8 @@ class _Poller:
     def close(self) -> None:
         db, self._db = self._db, None
         if db is not None:
+            try:  # no longer watched: writers stop adding rows for it
+                db.execute("DELETE FROM watchers WHERE origin = ?", (self._store._origin,))
+            except sqlite3.Error:
+                pass  # it expires by itself
             db.close()

@@ -245,10 +245,11 @@ async def test_sqlite_a_changes_table_emptied_behind_the_reader_is_a_recheck(
     writer = SQLiteStore(tmp_path / "reset.db")
     reader = SQLiteStore(tmp_path / "reset.db", feed_interval=0.01)
     try:
-        for n in range(5):
-            writer.commit([Write(A, n)])
         async with reader.watch() as feed:
             assert await batch(feed) is RECHECK
+            for n in range(5):  # watched: each commit adds its row
+                writer.commit([Write(A, n)])
+            assert await until(feed, {A: 5}) == {A: 5}
             db = sqlite3.connect(tmp_path / "reset.db")
             db.execute("DELETE FROM changes")  # a restored backup, an operator's cleanup
             db.commit()
@@ -471,3 +472,62 @@ async def test_a_runtime_on_a_memory_store_of_its_own_follows_nothing() -> None:
     shared = MemoryStore()
     async with Runtime(store=shared) as rt:
         assert rt.follow is True  # another runtime may share this object
+
+
+def _change_rows(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("SELECT count(*) FROM changes").fetchone()[0])
+    finally:
+        db.close()
+
+
+async def test_sqlite_a_store_alone_on_its_file_writes_nothing_for_a_feed(
+    tmp_path: Path,
+) -> None:
+    """Rows in ``changes`` cost a page per commit: they are written only while another
+    store watches the file, and stop once it stops watching."""
+    path = tmp_path / "alone.db"
+    writer = SQLiteStore(path, feed_interval=0.01)
+    reader = SQLiteStore(path, feed_interval=0.01)
+    try:
+        async with writer.watch() as own:  # its own runtime's feed does not count
+            assert await batch(own) is RECHECK
+            for n in range(20):
+                writer.commit([Write(A, n)])
+            assert _change_rows(path) == 0
+            async with reader.watch() as feed:
+                assert await batch(feed) is RECHECK
+                writer.commit([Write(A, "seen")])
+                assert await until(feed, {A: 21}) == {A: 21}
+                assert _change_rows(path) == 1
+            writer.commit([Write(A, "unwatched again")])
+            assert _change_rows(path) == 1
+    finally:
+        writer.close()
+        reader.close()
+
+
+async def test_sqlite_a_watcher_whose_row_expired_rechecks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process paused past its watcher row's life: writers stopped adding rows for it,
+    so on waking it compares everything instead of trusting the rows."""
+    monkeypatch.setattr(sqlite_module, "WATCH_TTL", 0.3)
+    path = tmp_path / "expired.db"
+    writer, reader = SQLiteStore(path), SQLiteStore(path, feed_interval=0.01)
+    try:
+        async with reader.watch() as feed:
+            assert await batch(feed) is RECHECK
+            db = sqlite3.connect(path)
+            db.execute("UPDATE watchers SET expires = 0")  # as if it had slept through it
+            db.commit()
+            db.close()
+            writer.commit([Write(A, "missed")])  # no row: nobody is watching
+            assert _change_rows(path) == 0
+            assert await batch(feed) is RECHECK  # at its next renewal
+            writer.commit([Write(A, "seen")])
+            assert await until(feed, {A: 2}) == {A: 2}
+    finally:
+        writer.close()
+        reader.close()
