@@ -146,7 +146,7 @@ class Documents:
         self.closed = False
         self.notify_queue: deque[list[Change]] = deque()  # commits not yet told to listeners
         self.applying = 0  # commits applying to the kernel now (nested when a sink writes)
-        # documents the store could not read at a version the feed announced: not again
+        # documents the store could not read, and at which version (reported once each)
         self._unreadable: dict[DocKey, int] = {}
 
     def notify(self) -> None:
@@ -254,8 +254,9 @@ class Documents:
         between other tasks' steps: a transaction that read one of them before conflicts
         at its commit, as it would had the other writer been a task here.
 
-        A document the store cannot read (damaged) is reported once per version and left
-        as it was; the others still catch up. Returns how many were updated."""
+        A document the store cannot read (damaged, or a read that failed) is left as it
+        was and reported once per version (it is tried again whenever the feed names it);
+        the others still catch up. Returns how many were updated."""
         if self.closed:
             return 0
         docs = self._docs
@@ -263,8 +264,7 @@ class Documents:
             changed = self.store.versions(  # type: ignore[attr-defined]
                 [k for k, d in docs.items() if not d.derived])
         stale = [k for k, v in changed.items()
-                 if (d := docs.get(k)) is not None and not d.derived and d.version < v
-                 and self._unreadable.get(k) != v]
+                 if (d := docs.get(k)) is not None and not d.derived and d.version < v]
         if not stale:
             return 0
         try:
@@ -281,8 +281,9 @@ class Documents:
             try:
                 stored = self.store.load(key)
             except StorageError as e:
-                self._unreadable[key] = changed[key]
-                self.report(e, f"reading {key.id!r} after another writer's commit")
+                if self._unreadable.get(key) != changed[key]:  # once per version
+                    self._unreadable[key] = changed[key]
+                    self.report(e, f"reading {key.id!r} after another writer's commit")
                 continue
             if stored is not None:
                 fresh[key] = stored

@@ -18,7 +18,14 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from .._text import describe_surrogate, has_surrogate
-from ..errors import ClosedError, NotJSONError, PatternError, StoreClosedError, StreamError
+from ..errors import (
+    ClosedError,
+    NotJSONError,
+    PatternError,
+    StoreClosedError,
+    StoreConfigError,
+    StreamError,
+)
 from ..storage import DocKey, Store, can_watch, open_store
 from .cell import Cell, Stream, accept_json, writing
 from .documents import Change, Documents, Transaction, current_transaction
@@ -158,9 +165,11 @@ class Runtime:
                       ) -> None:
         """Follow the store's change feed for the runtime's life: what other processes
         (or runtimes on the same store) commit reaches the documents loaded here, so their
-        computeds recompute and their sinks fire (``Documents.catch_up``). Started (the
-        feed open) before ``__aenter__`` returns, so no commit after it is missed. A
-        failure is reported and the feed opened again; it never ends the runtime."""
+        computeds recompute and their sinks fire (``Documents.catch_up``). Every feed's
+        first batch is a recheck of every version held, so nothing committed before it
+        connects is missed. A failure is reported and the feed opened again; one that
+        cannot work here (``StoreConfigError``) is reported once and left off. It never
+        ends the runtime."""
         assert can_watch(self.store)
         started = False
         while True:
@@ -174,6 +183,11 @@ class Runtime:
                         self._poke()
                 return  # the store closed
             except StoreClosedError:
+                if not started:
+                    task_status.started()
+                return
+            except StoreConfigError as e:  # it cannot follow here (said once): go without
+                self.docs.report(e, "following the store's change feed")
                 if not started:
                     task_status.started()
                 return

@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -96,6 +97,7 @@ CREATE TABLE IF NOT EXISTS celldialog_docs (
     base_size    bigint NOT NULL,
     log_size     bigint NOT NULL,
     value        text   NOT NULL,
+    token        bigint NOT NULL DEFAULT 0,  -- the last commit's: who wrote it (_resolve)
     PRIMARY KEY (space, scope, id)
 );
 CREATE TABLE IF NOT EXISTS celldialog_patches (
@@ -156,30 +158,36 @@ _DROP_LOG = ("d AS (DELETE FROM celldialog_patches p USING u "
 # a whole value: the new base (its log deleted), conditional on the expected version
 _PUT = (
     "WITH u AS (UPDATE celldialog_docs SET version = version + 1, "
-    "base_version = version + 1, base_size = %s, log_size = 0, value = %s "
+    "base_version = version + 1, base_size = %s, log_size = 0, value = %s, token = %s "
     f"WHERE {_KEY} AND version = %s RETURNING version), {_DROP_LOG}{_TAIL}"
 )
 _UPSERT = (
     "WITH u AS (INSERT INTO celldialog_docs AS t "
-    "(space, scope, id, version, base_version, base_size, log_size, value) "
-    "VALUES (%s, %s, %s, 1, 1, %s, 0, %s) ON CONFLICT (space, scope, id) DO UPDATE SET "
+    "(space, scope, id, version, base_version, base_size, log_size, value, token) "
+    "VALUES (%s, %s, %s, 1, 1, %s, 0, %s, %s) ON CONFLICT (space, scope, id) DO UPDATE SET "
     "version = t.version + 1, base_version = t.version + 1, base_size = excluded.base_size, "
-    f"log_size = 0, value = excluded.value RETURNING version), {_DROP_LOG}{_TAIL}"
+    "log_size = 0, value = excluded.value, token = excluded.token RETURNING version), "
+    f"{_DROP_LOG}{_TAIL}"
 )
 _CREATE = (
     "WITH u AS (INSERT INTO celldialog_docs "
-    "(space, scope, id, version, base_version, base_size, log_size, value) "
-    "VALUES (%s, %s, %s, 1, 1, %s, 0, %s) ON CONFLICT (space, scope, id) DO NOTHING "
+    "(space, scope, id, version, base_version, base_size, log_size, value, token) "
+    "VALUES (%s, %s, %s, 1, 1, %s, 0, %s, %s) ON CONFLICT (space, scope, id) DO NOTHING "
     f"RETURNING version){_TAIL}"
 )
 # a patch: appended to the log, conditional on the expected version
 _APPEND = (
-    "WITH u AS (UPDATE celldialog_docs SET version = version + 1, log_size = log_size + %s "
-    f"WHERE {_KEY} AND version = %s RETURNING version), "
+    "WITH u AS (UPDATE celldialog_docs SET version = version + 1, log_size = log_size + %s, "
+    f"token = %s WHERE {_KEY} AND version = %s RETURNING version), "
     "p AS (INSERT INTO celldialog_patches (space, scope, id, version, patch) "
     f"SELECT %s, %s, %s, version, %s FROM u){_TAIL}"
 )
 _LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"  # this transaction only
+_TOKENS = (
+    "SELECT d.space, d.scope, d.id, d.version, d.token "
+    "FROM unnest(%s::text[], %s::text[], %s::text[]) AS k(space, scope, id) "
+    "JOIN celldialog_docs d USING (space, scope, id)"
+)
 _RENEW = (
     "INSERT INTO celldialog_leases AS l (holder, expires) "
     "VALUES (%s, clock_timestamp() + make_interval(secs => %s)) "
@@ -310,12 +318,13 @@ class PostgresStore:
         """The commit, sent; when the connection is lost on the way, what happened is read
         back: landed (its versions), or nothing happened (sent once more, on a connection
         the pool has just checked)."""
+        token = random.getrandbits(63)  # marks this commit's rows: _resolve knows them
         for attempt in (1, 2):
             try:
-                return self._run("commit()", lambda conn: self._commit(conn, plan))
+                return self._run("commit()", lambda conn: self._commit(conn, plan, token))
             except _Lost as lost:
                 self._dead("commit()", lost.error)
-                found = self._resolve(plan)
+                found = self._resolve(plan, token)
                 if found is not None:
                     return found
                 if attempt == 2:
@@ -407,6 +416,11 @@ class PostgresStore:
     async def watch(self) -> AsyncIterator[AsyncIterator[Changes | None]]:
         """Follow the ``celldialog`` channel on a connection of its own (``pg_feed``)."""
         self._check_open("watch()")
+        if not _on_asyncio():
+            raise StoreConfigError(
+                "the PostgreSQL change feed listens with psycopg's async connection, which "
+                "needs asyncio (anyio's default backend); run on asyncio, or pass "
+                "Runtime(follow=False) to go without the feed")
         listener = Listener(self._psycopg, self._listen, lambda: self._closed)
         try:
             yield listener
@@ -616,16 +630,22 @@ class PostgresStore:
             raise conflict(key, have, version)
         return found
 
-    def _commit(self, conn: Any, plan: list[_Step]) -> dict[DocKey, int]:
-        """Every statement in one pipeline: one implicit transaction, one round trip. A
-        write whose expected version is not the row's raises ``CONFLICT`` in the server,
-        which undoes them all; then the versions are read to say which and why."""
+    def _commit(self, conn: Any, plan: list[_Step], token: int) -> dict[DocKey, int]:
+        """One round trip: a single write is one statement (in autocommit, its own
+        transaction); several go in one pipeline, one implicit transaction. A write whose
+        expected version is not the row's raises ``CONFLICT`` in the server, which undoes
+        them all; then the versions are read to say which and why. (Behind a transaction
+        pooler, the pipeline also carries this transaction's ``lock_timeout``.)"""
         psycopg = self._psycopg
         cursors: list[Any] = []
         try:
-            with conn.pipeline():
-                conn.execute(_LOCK_TIMEOUT, (f"{self._lock_ms}ms",))
-                cursors = [conn.execute(*_statement(step)) for step in plan]
+            if len(plan) == 1 and self.options.prepare:
+                cursors = [conn.execute(*_statement(plan[0], token))]
+            else:
+                with conn.pipeline():
+                    if not self.options.prepare:
+                        conn.execute(_LOCK_TIMEOUT, (f"{self._lock_ms}ms",))
+                    cursors = [conn.execute(*_statement(step, token)) for step in plan]
         except psycopg.Error as e:
             if e.sqlstate == CONFLICT:
                 raise self._which_conflict(conn, plan) from None
@@ -639,12 +659,19 @@ class PostgresStore:
         """The first write whose expected version is not the document's (in the commit's
         order, each key's versions followed through its own writes)."""
         have = self._versions_on(conn, [step.write.key for step in plan])
+        mine: set[DocKey] = set()  # keys an earlier write of this commit moved
         for step in plan:
             key, expect = step.write.key, step.write.expect
             now = have.get(key, 0)
             if expect is not None and expect != now:
+                if key in mine:
+                    return StoreConfigError(
+                        f"{describe(key)} is written twice in this commit and the second "
+                        f"write expects version {expect}, but the first leaves it at {now}; "
+                        f"nothing was committed. Expect the version each write leaves")
                 return conflict(key, now, expect)
             have[key] = now + 1
+            mine.add(key)
         return StorageError(f"PostgreSQL store {self.url}: commit() was refused as a "
                             f"conflict, but every version now matches; nothing was "
                             f"committed. Run it again")
@@ -654,65 +681,57 @@ class PostgresStore:
         rows = conn.execute(_VERSIONS, _columns(list(dict.fromkeys(keys)))).fetchall()
         return {DocKey(a, b, c): v for a, b, c, v in rows}
 
-    def _resolve(self, plan: list[_Step]) -> dict[DocKey, int] | None:
-        """After the connection was lost mid-commit: did it land? The versions if every
-        write is found in place, None if nothing of it is (safe to send again); raises
-        ``StorageError`` saying the outcome is unknown otherwise. (A write is known by its
-        expected version and its text; one without an expected version is a "last writer
-        wins" write, which may be sent again.)"""
-        def read(conn: Any) -> dict[DocKey, tuple[int, int, str, str | None]]:
-            out = {}
-            for step in plan:
-                key = step.write.key
-                row = conn.execute(
-                    "SELECT d.version, d.base_version, d.value, p.patch FROM celldialog_docs d "
-                    "LEFT JOIN celldialog_patches p ON p.space = d.space AND p.scope = d.scope "
-                    "AND p.id = d.id AND p.version = d.version "
-                    "WHERE d.space = %s AND d.scope = %s AND d.id = %s", key).fetchone()
-                if row is not None:
-                    out[key] = row
-            return out
-
-        now = self._run("commit()", read)
-        last = {step.write.key: step for step in plan}  # each key's final write
-        first = {}
+    def _resolve(self, plan: list[_Step], token: int) -> dict[DocKey, int] | None:
+        """After the connection was lost mid-commit: did it land? Every row this commit
+        writes carries its ``token``. All of them carrying it: it landed (its versions).
+        None carrying it: it did not land, for sure where each document is still at the
+        version the commit expected (None: send it again) or exactly one version past it
+        (another writer's: ``ConflictError``). Anything else (ours landed and others wrote
+        on top?) raises ``StorageError`` saying the outcome is unknown."""
+        keys = list(dict.fromkeys(step.write.key for step in plan))
+        rows = self._run("commit()", lambda conn: conn.execute(
+            _TOKENS, _columns(keys)).fetchall())
+        now = {DocKey(a, b, c): (v, t) for a, b, c, v, t in rows}
+        expect: dict[DocKey, int | None] = {}
         for step in plan:
-            first.setdefault(step.write.key, step)
-        landed = not_sent = True
-        for key, step in last.items():
-            row = now.get(key)
-            expect = first[key].write.expect
-            before = (row is None) if expect in (None, 0) else (
-                row is not None and row[0] == expect)
-            mine = row is not None and (
-                (step.kind == "put" and row[1] == row[0] and row[2] == step.text)
-                or (step.kind == "append" and row[3] == step.text))
-            landed &= mine
-            not_sent &= before or expect is None
-        if landed:
-            return {key: now[key][0] for key in last}
-        if not_sent:
-            return None
+            expect.setdefault(step.write.key, step.write.expect)
+        ours = [now.get(k, (0, None))[1] == token for k in keys]
+        if all(ours):
+            return {k: now[k][0] for k in keys}
+        if not any(ours):
+            moved = None
+            for k in keys:
+                if expect[k] is None:
+                    continue  # a "last writer wins" write: sending it again is what it means
+                have = now.get(k, (0, None))[0]
+                if have == expect[k] + 1:  # type: ignore[operator]
+                    moved = moved or (k, have)
+                elif have != expect[k]:
+                    break
+            else:
+                if moved is None:
+                    return None
+                raise conflict(moved[0], moved[1], expect[moved[0]])  # type: ignore[arg-type]
         raise StorageError(
             f"PostgreSQL store {self.url}: the connection was lost while committing; the "
             f"commit may or may not have been stored (other writers have written since). "
             f"Load the documents to see")
 
 
-def _statement(step: _Step) -> tuple[str, tuple[Any, ...]]:
+def _statement(step: _Step, token: int) -> tuple[str, tuple[Any, ...]]:
     """The SQL of one write and its arguments (the notification's payload given when the
-    new version is known here, else built by the server)."""
+    new version is known here, else built by the server; ``token`` marks the commit)."""
     w, text, key = step.write, step.text, step.write.key
     version = None if w.expect is None else w.expect + 1
     notification = payload(key, version)
     tail = (notification, *key)
     if step.kind == "append":
-        return _APPEND, (len(text), *key, w.expect, *key, text, *tail)
+        return _APPEND, (len(text), token, *key, w.expect, *key, text, *tail)
     if w.expect is None:
-        return _UPSERT, (*key, len(text), text, *key, *tail)
+        return _UPSERT, (*key, len(text), text, token, *key, *tail)
     if w.expect == 0:
-        return _CREATE, (*key, len(text), text, *tail)
-    return _PUT, (len(text), text, *key, w.expect, *key, *tail)
+        return _CREATE, (*key, len(text), text, token, *tail)
+    return _PUT, (len(text), text, token, *key, w.expect, *key, *tail)
 
 
 class _Cached(NamedTuple):
@@ -740,6 +759,12 @@ class _Step:
         self.owned = owned
         self.log_size = 0
         self.base_size = 0
+
+
+def _on_asyncio() -> bool:
+    import sniffio
+
+    return bool(sniffio.current_async_library() == "asyncio")
 
 
 class _Lost(Exception):

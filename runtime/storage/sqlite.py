@@ -154,13 +154,13 @@ _RENEW = (
 )
 _WHERE = "space=? AND scope=? AND id=?"
 _CHANGE = "INSERT INTO changes (origin, space, scope, id, version) VALUES (?,?,?,?,?)"
-_CHANGES: dict[int, str] = {}  # the statement for n changes (n <= 1000), made once
+_CHANGE_ROWS: dict[int, str] = {}  # the statement for n changes (n <= 1000), made once
 
 
 def _changes(n: int) -> str:
-    sql = _CHANGES.get(n)
+    sql = _CHANGE_ROWS.get(n)
     if sql is None:
-        sql = _CHANGES[n] = _CHANGE + ",(?,?,?,?,?)" * (n - 1)
+        sql = _CHANGE_ROWS[n] = _CHANGE + ",(?,?,?,?,?)" * (n - 1)
     return sql
 _BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (low byte of the extended code)
 
@@ -197,6 +197,7 @@ class SQLiteStore:
         # this store's mark on its rows of the feed: its own watch() skips them in SQL
         self._origin = random.getrandbits(62)
         self._watched = True  # until a commit has looked: does another store watch?
+        self._watches = 0  # this store's open feeds (two runtimes may share the store)
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (
             0 <= busy_timeout < float("inf")
         ):
@@ -325,9 +326,11 @@ class SQLiteStore:
         """Follow the file's ``changes`` on a connection of its own (see the module)."""
         self._open_db("watch()")
         feed = _Poller(self)
+        self._watches += 1
         try:
             yield feed
         finally:
+            self._watches -= 1
             feed.close()
 
     def close(self) -> None:
@@ -522,7 +525,7 @@ class SQLiteStore:
                 out[key] = new
             # the feed's rows; every PRUNE_EVERY rows written (by any process) the oldest
             # beyond CHANGES_KEPT go, so the table stays bounded however processes come and go
-            if not self._watched:
+            if not self._watched and self._watches < 2:
                 pass  # nobody else follows the file: no rows (no page written) for a feed
             elif len(out) == 1:  # the usual commit: one statement SQLite has compiled
                 for key, version in out.items():
@@ -615,15 +618,22 @@ class _Poller:
                 try:
                     self._open()
                 except sqlite3.Error as e:
-                    log.warning("SQLite store %r: the change feed cannot read the file "
-                                "(retrying): %s", store.path, e)
+                    (log.debug if _is_busy(e) else log.warning)(
+                        "SQLite store %r: the change feed cannot open (retrying): %s",
+                        store.path, e)
                     await anyio.sleep(store.feed_interval)
                     continue
                 return RECHECK
             await anyio.sleep(store.feed_interval)  # the poll's period
             try:
-                if time.monotonic() - self._renewed > WATCH_TTL / 3 and not self._renew():
-                    return RECHECK  # its row had expired (a long pause): rows were missed
+                if time.monotonic() - self._renewed > WATCH_TTL / 3:
+                    try:
+                        if not self._renew():
+                            return RECHECK  # its row had expired (a long pause): rows missed
+                    except sqlite3.OperationalError as e:
+                        if not _is_busy(e):
+                            raise
+                        # another connection writes: renew at a later poll (the row lasts)
                 batch = self._poll()
             except sqlite3.Error as e:
                 log.warning("SQLite store %r: the change feed's read failed (retrying): %s",
@@ -634,8 +644,9 @@ class _Poller:
                 return batch if batch else RECHECK
 
     def _open(self) -> None:
-        db = sqlite3.connect(self._store.path, timeout=self._store.busy_timeout,
-                             isolation_level=None)
+        # timeout 0: the poller runs on the event loop, so it never waits for a lock (its
+        # reads need none in WAL; its renewals try again at a later poll)
+        db = sqlite3.connect(self._store.path, timeout=0, isolation_level=None)
         self._db = db
         try:
             self._renew()  # watched from now on: writers add rows for it (then the recheck)
@@ -671,6 +682,13 @@ class _Poller:
         if seen == self._seen:
             return None
         self._seen = seen
+        db.execute("BEGIN")  # one snapshot: no pruning between the bounds and the rows
+        try:
+            return self._read_changes(db)
+        finally:
+            db.execute("ROLLBACK")
+
+    def _read_changes(self, db: sqlite3.Connection) -> Changes | None:
         top, first = db.execute("SELECT coalesce(max(seq), 0), min(seq) FROM changes "
                                 "WHERE seq > ?", (self._last,)).fetchone()
         if first is None:
@@ -680,10 +698,11 @@ class _Poller:
                 return {}
             return None  # a commit without changes (a lease renewed)
         gap = first != self._last + 1
-        # the store's own commits are skipped here, in SQLite: its runtime has them
+        # the store's own commits are skipped here, in SQLite: its runtime has them (unless
+        # two runtimes share the store: then each needs the other's)
+        skip = self._store._origin if self._store._watches < 2 else -1
         rows = db.execute("SELECT space, scope, id, version FROM changes WHERE seq > ? AND "
-                          "seq <= ? AND origin != ?", (self._last, top, self._store._origin)
-                          ).fetchall()
+                          "seq <= ? AND origin != ?", (self._last, top, skip)).fetchall()
         self._last = top
         if gap:
             return {}

@@ -531,3 +531,83 @@ async def test_sqlite_a_watcher_whose_row_expired_rechecks(
     finally:
         writer.close()
         reader.close()
+
+
+async def test_a_read_that_failed_once_is_tried_again_at_the_next_recheck(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transient failure (a locked file, a lost connection) leaves nothing stale for
+    good: the next batch or recheck that names the document reads it again."""
+    url = f"sqlite:///{tmp_path / 'flaky.db'}"
+    async with Runtime(store=url, follow=False) as b_rt, Runtime(store=url) as a_rt:
+        a, b = a_rt.run(counter), b_rt.run(counter)
+        await a.send("bump", None)
+        store = b_rt.store
+        real_many, real_load = store.load_many, store.load
+        failing = [True]
+
+        def flaky(*args: Any, **kwargs: Any) -> Any:
+            if failing[0]:
+                raise StorageError("the database is locked (a test's transient failure)")
+            return real_many(*args, **kwargs)
+
+        def flaky_load(*args: Any, **kwargs: Any) -> Any:
+            if failing[0]:
+                raise StorageError("the database is locked (a test's transient failure)")
+            return real_load(*args, **kwargs)
+
+        monkeypatch.setattr(store, "load_many", flaky)
+        monkeypatch.setattr(store, "load", flaky_load)
+        assert b_rt.docs.catch_up(None) == 0  # the read failed: reported, nothing changed
+        assert b.result.key("count").get() == 0 and len(b_rt.errors) == 1
+        failing[0] = False
+        assert b_rt.docs.catch_up(None) == 1  # the next recheck reads it again
+        assert b.result.key("count").get() == 1 and len(b_rt.errors) == 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_two_runtimes_sharing_one_store_object_see_each_other(
+    tmp_path: Path, kind: str,
+) -> None:
+    store: Store = MemoryStore() if kind == "memory" else SQLiteStore(
+        tmp_path / "one.db", feed_interval=0.01)
+    async with Runtime(store=store) as b_rt, Runtime(store=store) as a_rt:
+        a, b = a_rt.run(counter), b_rt.run(counter)
+        arrived = anyio.Event()
+        b.result.key("count").sink(lambda v: arrived.set() if v == 2 else None)
+        await a.send("bump", None)
+        await a.send("bump", None)
+        with anyio.fail_after(WAIT):
+            await arrived.wait()
+
+
+async def test_sqlite_a_locked_file_never_blocks_the_feeds_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another connection holds the write lock while the feed opens and renews: the feed
+    waits for its next poll instead of blocking every task of the process."""
+    monkeypatch.setattr(sqlite_module, "WATCH_TTL", 0.3)
+    path = tmp_path / "locked.db"
+    reader = SQLiteStore(path, feed_interval=0.01)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # the write lock, held
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await anyio.sleep(0.01)
+                ticks += 1
+
+        async with anyio.create_task_group() as tg, reader.watch() as feed:
+            tg.start_soon(tick)
+            with anyio.move_on_after(0.5):
+                await feed.__anext__()  # cannot register while the lock is held
+            assert ticks >= 10  # the loop kept running meanwhile
+            holder.execute("ROLLBACK")
+            assert await batch(feed) is RECHECK  # registered once the lock is free
+            tg.cancel_scope.cancel()
+    finally:
+        holder.close()
+        reader.close()

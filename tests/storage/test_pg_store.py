@@ -13,7 +13,7 @@ import anyio
 import psycopg
 import pytest
 
-from runtime.errors import StorageError, StoreBusyError, StoreConfigError
+from runtime.errors import ConflictError, StorageError, StoreBusyError, StoreConfigError
 from runtime.storage import DocKey, PostgresStore, Stored, Write
 from runtime.storage.pg_url import parse_url, redact, scrub, secrets_of
 
@@ -183,16 +183,16 @@ class _LoseReply:
         self.real = store._commit
         self.calls = 0
 
-    def __call__(self, conn: Any, plan: Any) -> Any:
+    def __call__(self, conn: Any, plan: Any, token: int) -> Any:
         from runtime.storage.postgres import _Lost
 
         self.calls += 1
         if self.calls > 1:
-            return self.real(conn, plan)
+            return self.real(conn, plan, token)
         if self.after:
-            self.real(conn, plan)
-            if self.then is not None:
-                self.then()
+            self.real(conn, plan, token)
+        if self.then is not None:
+            self.then()
         raise _Lost(psycopg.OperationalError("server closed the connection unexpectedly"))
 
 
@@ -245,3 +245,57 @@ def test_a_lost_commit_that_cannot_be_told_apart_says_so(
     finally:
         s.close()
         other.close()
+
+
+@pytest.mark.parametrize("patch", [False, True], ids=["put", "append"])
+def test_a_lost_commit_is_never_mistaken_for_another_writers_identical_one(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, patch: bool,
+) -> None:
+    """Two writers increment one counter from the same version; ours is lost before it
+    reaches the server and theirs lands with the very same value. Ours did not land: a
+    conflict (re-read, increment again), never a success that loses an increment."""
+    s, other = PostgresStore(pg_url), PostgresStore(pg_url)
+    try:
+        s.commit([Write(A, {"n": 0})])
+
+        def write(store: PostgresStore) -> None:
+            store.commit([Write(A, None, expect=1, patch=((("n",), 1),)) if patch
+                          else Write(A, {"n": 1}, expect=1)])
+
+        lose = _LoseReply(s, after=False, then=lambda: write(other))
+        monkeypatch.setattr(s, "_commit", lose)
+        with pytest.raises(ConflictError, match="version 2"):
+            write(s)
+        assert lose.calls == 1 and s.load(A) == Stored({"n": 1}, 2)
+    finally:
+        s.close()
+        other.close()
+
+
+def test_a_key_written_twice_with_a_wrong_second_expect_names_this_commit(
+    pg_url: str,
+) -> None:
+    s = PostgresStore(pg_url)
+    try:
+        s.commit([Write(A, 1)])
+        with pytest.raises(StorageError, match="written twice in this commit"):
+            s.commit([Write(A, 2, expect=1), Write(A, 3, expect=1)])
+        assert s.load(A) == Stored(1, 1)
+    finally:
+        s.close()
+
+
+@pytest.mark.anyio
+async def test_off_asyncio_the_feed_says_it_needs_asyncio_once(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """psycopg's async connection runs on asyncio only: on another backend (trio) the
+    runtime says so once and goes on without the feed."""
+    from runtime import Runtime
+    from runtime.storage import postgres
+
+    monkeypatch.setattr(postgres, "_on_asyncio", lambda: False)  # as on trio
+    async with Runtime(store=pg_url) as rt:
+        await anyio.sleep(0)
+        assert len(rt.errors) == 1 and "needs asyncio" in str(rt.errors[0][1])
+        assert "follow=False" in str(rt.errors[0][1])
