@@ -21,7 +21,8 @@ from .base import (
 )
 from .feed import RECHECK, Changes, WatchableStore, can_watch
 from .memory import MemoryStore
-from .postgres import PostgresStore, redact
+from .pg_url import redact
+from .postgres import PostgresStore
 from .sqlite import SQLiteStore
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "Write",
     "can_watch",
     "open_store",
+    "redact",
 ]
 
 _SQLITE_OPTIONS = ("busy_timeout", "feed_interval")
@@ -56,8 +58,8 @@ def open_store(spec: str | Store) -> Store:
     A SQLite URL takes options as a query: ``"sqlite:///app.db?busy_timeout=30"`` waits up
     to 30 s for a database another process has locked (default 5 s), ``feed_interval=0.02``
     polls for other processes' commits every 20 ms (default 50; see ``SQLiteStore``). A
-    PostgreSQL URL is libpq's, with ``pool_size``, ``prepare`` and ``busy_timeout`` added
-    (see ``PostgresStore``; it needs the ``postgres`` extra).
+    PostgreSQL URL is libpq's, with ``pool_size``, ``prepare``, ``busy_timeout`` and
+    ``listen_url`` added (see ``PostgresStore``; it needs the ``postgres`` extra).
     """
     if not isinstance(spec, str):
         missing = [m for m in _PORT if not callable(getattr(spec, m, None))]
@@ -69,7 +71,8 @@ def open_store(spec: str | Store) -> Store:
                 f"(the port, runtime.storage.base.Store, has {', '.join(_PORT)})"
             )
         raise StoreConfigError(
-            f"store must be 'memory', 'sqlite:///path/to/file.db' or a Store, "
+            f"store must be 'memory', 'sqlite:///path/to/file.db', "
+            f"'postgresql://user@host/dbname' or a Store, "
             f"got {type(spec).__name__} {spec!r}"
         )
     if spec == "memory":

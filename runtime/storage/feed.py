@@ -22,7 +22,6 @@ SQLite: a poll of ``PRAGMA data_version`` and a table of changes; PostgreSQL: ``
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeGuard
@@ -70,14 +69,12 @@ class Inbox:
         self.closed = False
 
     def put(self, changes: Changes) -> None:
+        """A commit's keys and versions (called by the writer, synchronously)."""
         merge(self._pending, changes)
         self._wake()
 
-    def recheck(self) -> None:
-        self._recheck = True
-        self._wake()
-
     def close(self) -> None:
+        """End the reader's iteration (the store closed, or the watch ended)."""
         self.closed = True
         self._wake()
 
@@ -101,14 +98,3 @@ class Inbox:
             ready = self._ready = anyio.Event()
             await ready.wait()
         raise StopAsyncIteration
-
-
-def poll_interval(value: object, what: str) -> float:
-    """Check a feed's poll interval (seconds, > 0 and finite)."""
-    from ..errors import StoreConfigError
-
-    if (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value) and 0 < value <= 60):
-        return float(value)
-    raise StoreConfigError(f"{what}: the feed's poll interval is seconds, a number > 0 and "
-                           f"<= 60; got {value!r}")

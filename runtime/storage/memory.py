@@ -83,6 +83,7 @@ class MemoryStore:
 
     @asynccontextmanager
     async def watch(self) -> AsyncIterator[AsyncIterator[Changes | None]]:
+        """Every commit to this store object, from now on (its own included)."""
         self._check_open("watch()")
         inbox = Inbox()
         self._inboxes.add(inbox)
@@ -93,11 +94,13 @@ class MemoryStore:
             inbox.close()
 
     def versions(self, keys: Sequence[DocKey]) -> dict[DocKey, int]:
+        """The current version of each key that exists."""
         self._check_open("versions()")
         docs = self._docs
         return {k: docs[k].version for k in keys if k in docs}
 
     def load_many(self, keys: Sequence[DocKey]) -> dict[DocKey, Stored]:
+        """The value (a copy) and version of each key that exists."""
         self._check_open("load_many()")
         docs = self._docs
         return {k: Stored(copy_value(docs[k].value), docs[k].version) for k in keys

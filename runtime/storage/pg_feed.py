@@ -169,6 +169,7 @@ class Listener:
                 pass
 
     async def aclose(self) -> None:
+        """Close the listening connection (the watch ended)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             try:

@@ -12,13 +12,14 @@ all, and ``scrub`` removes them from text a driver wrote (libpq quotes a malform
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import quote, unquote, urlsplit
 
 from ..errors import StoreConfigError
 
 __all__ = ["DEFAULT_BUSY_TIMEOUT", "DEFAULT_POOL_SIZE", "PgOptions", "check_busy_timeout",
-           "check_pool_size", "parse_url", "redact", "scrub", "secrets_of"]
+           "check_listen_url", "check_pool_size", "parse_url", "redact", "scrub",
+           "secrets_of"]
 
 DEFAULT_POOL_SIZE = 4
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -31,6 +32,8 @@ _PREPARE = {"on": True, "true": True, "1": True, "off": False, "false": False, "
 
 @dataclass(frozen=True)
 class PgOptions:
+    """Our options of a store URL, checked (``parse_url``)."""
+
     pool_size: int = DEFAULT_POOL_SIZE
     prepare: bool = True
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT
@@ -38,6 +41,7 @@ class PgOptions:
 
 
 def check_pool_size(value: object, where: str) -> int:
+    """Refuse (``StoreConfigError``) a pool size that is not an integer from 1 to 100."""
     if type(value) is int and 1 <= value <= 100:
         return value
     raise StoreConfigError(f"pool_size {where} is the number of pooled connections, an "
@@ -45,6 +49,7 @@ def check_pool_size(value: object, where: str) -> int:
 
 
 def check_busy_timeout(value: object, where: str, given: object = None) -> float:
+    """Refuse a busy timeout that is not seconds from 0 to 3600 (``given``: as written)."""
     if (isinstance(value, int | float) and not isinstance(value, bool)
             and 0 <= value <= 3600 and math.isfinite(value)):
         return float(value)
@@ -70,23 +75,23 @@ def parse_url(url: str) -> tuple[str, PgOptions]:
     options = PgOptions()
     if "pool_size" in ours:
         text = str(ours["pool_size"])
-        options = _replace(options, pool_size=check_pool_size(
+        options = replace(options, pool_size=check_pool_size(
             int(text) if text.isascii() and text.isdigit() else text, where))
     if "prepare" in ours:
         text = str(ours["prepare"]).lower()
         if text not in _PREPARE:
             raise StoreConfigError(f"prepare {where} is on or off (off for PgBouncer in "
                                    f"transaction mode); got {ours['prepare']!r}")
-        options = _replace(options, prepare=_PREPARE[text])
+        options = replace(options, prepare=_PREPARE[text])
     if "busy_timeout" in ours:
         text = str(ours["busy_timeout"])
         try:
             seconds = float(text)
         except ValueError:
             seconds = math.nan
-        options = _replace(options, busy_timeout=check_busy_timeout(seconds, where, text))
+        options = replace(options, busy_timeout=check_busy_timeout(seconds, where, text))
     if "listen_url" in ours:
-        options = _replace(options, listen_url=check_listen_url(str(ours["listen_url"]),
+        options = replace(options, listen_url=check_listen_url(str(ours["listen_url"]),
                                                                 where))
     names = {unquote(p.partition("=")[0]) for p in keep}
     host = next((unquote(p.partition("=")[2]) for p in keep
@@ -104,14 +109,11 @@ def parse_url(url: str) -> tuple[str, PgOptions]:
 
 
 def check_listen_url(text: str, where: str) -> str:
+    """The feed's own libpq URL, options cut out; refused if it is not a PostgreSQL URL."""
     if not text.startswith(("postgresql://", "postgres://")):
         raise StoreConfigError(f"listen_url {where} is a libpq URL (percent-encoded), "
                                f"'postgresql://...'; got {redact(text)!r}")
     return parse_url(text)[0]
-
-
-def _replace(options: PgOptions, **changes: object) -> PgOptions:
-    return PgOptions(**{**options.__dict__, **changes})  # type: ignore[arg-type]
 
 
 def _split(url: str) -> tuple[str, str, str]:

@@ -57,7 +57,13 @@ from typing import Any, NamedTuple, TypeVar
 
 import anyio
 
-from ..errors import StorageError, StoreBusyError, StoreClosedError, StoreConfigError
+from ..errors import (
+    ConflictError,
+    StorageError,
+    StoreBusyError,
+    StoreClosedError,
+    StoreConfigError,
+)
 from .base import (
     LEASE_COLLECT_AFTER,
     DocKey,
@@ -122,7 +128,6 @@ _TABLES = ("celldialog_docs", "celldialog_patches", "celldialog_leases")
 _FUNCTION = "celldialog_conflict()"
 CONFLICT = "CD409"  # the SQLSTATE of a write whose expected version is not the row's
 _KEY = "space = %s AND scope = %s AND id = %s"
-# the base and the log since it, in one statement (one snapshot)
 # the base and the log since it, in one statement (one snapshot)
 _LOAD = (
     "SELECT d.version, d.value, d.log_size, d.base_size, p.patch FROM celldialog_docs d "
@@ -448,7 +453,7 @@ class PostgresStore:
     def _opening(self, e: BaseException) -> StorageError:
         return StorageError(f"cannot open PostgreSQL store {self.url}: {self._why(e)}")
 
-    def _run(self, what: str, op: Callable[[Any], T], *, retry: bool = True) -> T:
+    def _run(self, what: str, op: Callable[[Any], T]) -> T:
         """``op(conn)`` on a pooled connection. A connection found dead is retried once, on
         a connection the pool has just checked, when ``op`` is safe to repeat (a read or a
         lease call; a commit raises ``_Lost`` instead, for ``_send``). Driver errors come
@@ -461,7 +466,7 @@ class PostgresStore:
             except _Lost:
                 raise
             except psycopg.OperationalError as e:
-                if not retry or attempt == 2 or not _is_disconnect(e):
+                if attempt == 2 or not _is_disconnect(e):
                     raise self._error(what, e) from None
                 self._dead(what, e)
             except psycopg.Error as e:
@@ -665,7 +670,7 @@ class PostgresStore:
             now = have.get(key, 0)
             if expect is not None and expect != now:
                 if key in mine:
-                    return StoreConfigError(
+                    return ConflictError(
                         f"{describe(key)} is written twice in this commit and the second "
                         f"write expects version {expect}, but the first leaves it at {now}; "
                         f"nothing was committed. Expect the version each write leaves")

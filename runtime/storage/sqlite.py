@@ -72,7 +72,7 @@ from .base import (
     check_lease_holder,
     check_lease_ttl,
 )
-from .feed import RECHECK, Changes, poll_interval
+from .feed import RECHECK, Changes
 from .patch import MISSING, apply_patch, conflict, describe
 
 T = TypeVar("T")
@@ -155,6 +155,15 @@ _RENEW = (
 _WHERE = "space=? AND scope=? AND id=?"
 _CHANGE = "INSERT INTO changes (origin, space, scope, id, version) VALUES (?,?,?,?,?)"
 _CHANGE_ROWS: dict[int, str] = {}  # the statement for n changes (n <= 1000), made once
+
+
+def poll_interval(value: object, what: str) -> float:
+    """Check a feed's poll interval: seconds, a number > 0 and <= 60."""
+    if (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and 0 < value <= 60):
+        return float(value)
+    raise StoreConfigError(f"{what}: the feed's poll interval is seconds, a number > 0 and "
+                           f"<= 60; got {value!r}")
 
 
 def _changes(n: int) -> str:
@@ -288,6 +297,7 @@ class SQLiteStore:
     # -- the change feed (runtime.storage.feed) -----------------------------------------
 
     def versions(self, keys: Sequence[DocKey]) -> dict[DocKey, int]:
+        """The current version of each key that exists, in one snapshot."""
         def read() -> dict[DocKey, int]:
             db = self._open_db("versions()")
             out: dict[DocKey, int] = {}
@@ -306,6 +316,7 @@ class SQLiteStore:
         return self._run("versions()", read)
 
     def load_many(self, keys: Sequence[DocKey]) -> dict[DocKey, Stored]:
+        """The value and version of each key that exists, in one snapshot."""
         def read() -> dict[DocKey, Stored]:
             db = self._open_db("load_many()")
             out: dict[DocKey, Stored] = {}
