@@ -447,6 +447,44 @@ class Throughput:
                    for r, k in zip(self.reports, self.keys, strict=True))
 
 
+GROWTH_SIZES = (1_000, 10_000, 100_000)
+GROWTH_TARGET = 1.5  # a push to 100,000 items within 1.5x a push to 1,000
+
+
+def growth(url: str, cfg: Config) -> list[bool]:
+    """A push (a patch appending one item) to lists of 1,000, 10,000 and 100,000 items:
+    with the patch log, what a commit costs must not grow with the list (a whole value is
+    written only when the log outgrows it: amortised, not per push)."""
+    store = PostgresStore(url)
+    medians: list[float] = []
+    try:
+        for size in GROWTH_SIZES:
+            key = DocKey("bench", "", fresh(f"grow{size}"))
+            version = store.commit([Write(key, {"items": list(range(size))}, expect=0)])[key]
+            n, per = size, []
+            pushes = max(50, int(cfg.block_s * 2000))
+            for block in range(cfg.blocks + 1):
+                t = clock()
+                for _ in range(pushes):
+                    version = store.commit([Write(key, None, expect=version,
+                                                  patch=((("items", n), n),))])[key]
+                    n += 1
+                if block:  # the first block warms up
+                    per.append(since(t)[0] / pushes)
+            medians.append(statistics.median(per))
+            if store.load(key).value["items"][-1] != n - 1:  # type: ignore[union-attr]
+                raise RuntimeError("the pushes did not all land")
+    finally:
+        store.close()
+    table([("items", "µs per push (median)", "vs 1,000")] + [
+        (f"{size:,}", f"{m * 1e6:,.0f}", f"{m / medians[0]:.2f}x")
+        for size, m in zip(GROWTH_SIZES, medians, strict=True)])
+    ok = medians[-1] / medians[0] <= GROWTH_TARGET
+    print(f"  target: a push to {GROWTH_SIZES[-1]:,} items <= {GROWTH_TARGET}x one to "
+          f"{GROWTH_SIZES[0]:,}: {medians[-1] / medians[0]:.2f}x {verdict(ok)}")
+    return [ok]
+
+
 def run_counters(store: PostgresStore, children: list[Child], n: int, mode: str,
                  seconds: float) -> Throughput:
     """One window: ``n`` processes from a shared start for ``seconds``."""
@@ -727,6 +765,7 @@ def run(cfg: Config) -> None:
               f"no disk flush is ever measured here.")
         sections: list[tuple[str, Callable[[str, Config], list[bool]]]] = [
             ("1. one commit, this process (median per commit over blocks)", one_commit),
+            ("1b. a push to a long list: cost against the list's length", growth),
             (f"2. commits/s, N processes, {cfg.run_s:g} s each (store-level patch with "
              f"expect; conflicts re-read)", commits_per_second),
             (f"3. propagation: writer's commit start -> reader's sink, {cfg.prop_s:g} s "
