@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -74,6 +74,7 @@ log = logging.getLogger("celldialog.dialog")
 ERROR_PREFIX = "I encountered an error generating a response"
 INTERRUPTED = ("Tool call interrupted: the process running this turn stopped before the "
                "call finished")
+STEP_RETRIES = 3  # writes of a turn's commit again after a conflict on fresh copies
 _INTERRUPTED_TURN = ("the turn was interrupted: the process running it stopped (its lease "
                      "expired)")
 
@@ -514,9 +515,25 @@ class _DialogNode:
                 run.step.abort()  # the guard let nothing in
                 run.step.phase = TurnPhase.DEAD
             return
-        with rt.transaction():  # one commit: the message and its call's usage
-            if self._write_reply(rt, run, message) and calls:
-                run.step.phase = TurnPhase.CALLS
+        # one commit: the message and its call's usage (the final reply: the turn's end)
+        if self._retrying(rt, run, lambda: self._write_reply(rt, run, message)):
+            run.step.phase = TurnPhase.CALLS if calls else TurnPhase.ENDED
+
+    def _retrying(self, rt: Runtime, run: _TurnRun, write: Callable[[], bool]) -> bool:
+        """``write()`` in a transaction of its own. A commit another process's write made
+        stale (its copy of a cell this turn writes, brought by the change feed a moment
+        later) is written again on the fresh copies while the turn is still this one's: a
+        turn's reply is never lost to a conflict on its bookkeeping."""
+        for attempt in range(STEP_RETRIES + 1):
+            usage, outputs = run.usage, run.outputs
+            try:
+                with rt.transaction():
+                    return write()
+            except ConflictError:
+                run.usage, run.outputs = usage, outputs  # nothing of it was stored
+                if attempt == STEP_RETRIES or not self._still_owned(rt, run):
+                    raise
+        raise AssertionError("unreachable")
 
     def _write_reply(self, rt: Runtime, run: _TurnRun, message: Message) -> bool:
         """Inside a transaction: the assistant's reply; False if the turn may no longer
@@ -532,7 +549,6 @@ class _DialogNode:
             self._ending.add(run.turn_id)
             self._flush_usage(run)
             self._end_writes(run, None)
-            run.step.phase = TurnPhase.ENDED
         return True
 
     def _append_results(self, rt: Runtime, run: _TurnRun, message: Message) -> None:
@@ -676,16 +692,26 @@ class _DialogNode:
             return  # the final reply's commit ended it
         run.step.abort()
         self._ending.add(run.turn_id)
-        with rt.transaction():
+
+        def end() -> bool:
             self._flush_usage(run)
             if not self._owns(rt, run):
-                return
+                return False
             # whatever failed on the way, no call is left without its result
             self._answer_unanswered(TOOL_CANCELLED, run.results)
             if text is not None:
                 self.messages.push(Message.text(Role.ASSISTANT, text).model_dump(mode="json"))
             self._end_writes(run, error)
-        run.step.phase = TurnPhase.ENDED
+            return True
+
+        try:
+            ended = self._retrying(rt, run, end)
+        except ConflictError:
+            if self._still_owned(rt, run):
+                raise
+            ended = False  # another process ended or took it meanwhile
+        if ended:
+            run.step.phase = TurnPhase.ENDED
 
     def _end_writes(self, run: _TurnRun, error: str | None) -> None:
         """Inside the guarded transaction: the turn is over, and why its last model call

@@ -647,10 +647,19 @@ class PostgresStore:
             if len(plan) == 1 and self.options.prepare:
                 cursors = [conn.execute(*_statement(plan[0], token))]
             else:
-                with conn.pipeline():
+                failed: Exception | None = None
+                with conn.pipeline() as pipeline:  # unprepared: psycopg may take statements
+                    # of a pipeline the server aborted (a conflict) as prepared, and they are not
                     if not self.options.prepare:
-                        conn.execute(_LOCK_TIMEOUT, (f"{self._lock_ms}ms",))
-                    cursors = [conn.execute(*_statement(step, token)) for step in plan]
+                        conn.execute(_LOCK_TIMEOUT, (f"{self._lock_ms}ms",), prepare=False)
+                    cursors = [conn.execute(*_statement(step, token), prepare=False)
+                               for step in plan]
+                    try:
+                        pipeline.sync()  # here, so the pipeline ends clean (no warning logged)
+                    except psycopg.Error as e:
+                        failed = e
+                if failed is not None:
+                    raise failed
         except psycopg.Error as e:
             if e.sqlstate == CONFLICT:
                 raise self._which_conflict(conn, plan) from None

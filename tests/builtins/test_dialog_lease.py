@@ -210,3 +210,25 @@ async def test_a_cancel_from_another_process_stops_the_owners_model_call_at_once
     async with Runtime(store=shared_store) as rt:
         inst = rt.run(lease_agent, user="u", session="s")
         assert [m.text_content() for m in assert_valid_history(inst)] == ["one"]
+
+
+async def test_a_conversation_alternating_between_processes_loses_no_reply(shared_store):
+    """Each message goes to the other runtime the moment the last reply showed in the one
+    that made it: the receiver's copies of the dialog's cells may be a moment behind (the
+    feed is on its way), so its own commits can meet the other's. Nothing is dropped, no
+    reply is lost to a conflict, and no turn stays pending."""
+    from patterns.chatbot import chatbot
+
+    replies = [f"Reply {i}." for i in range(6)]
+    async with Runtime(store=shared_store, model=ScriptedModel(replies[0::2])) as a_rt, \
+            Runtime(store=shared_store, model=ScriptedModel(replies[1::2])) as b_rt:
+        a = a_rt.run(chatbot, user="u", session="s")
+        b = b_rt.run(chatbot, user="u", session="s")
+        for i in range(6):
+            inst = a if i % 2 == 0 else b
+            await inst.send("send", f"Message {i}")
+            await _until(inst, "pending", False)
+            texts = [m.text_content() for m in assert_valid_history(inst)]
+            assert texts[-2:] == [f"Message {i}", replies[i]], texts
+        assert a.result.key("dropped").get() == 0 and b.result.key("dropped").get() == 0
+        assert a_rt.errors == [] and b_rt.errors == []

@@ -299,3 +299,26 @@ async def test_off_asyncio_the_feed_says_it_needs_asyncio_once(
         await anyio.sleep(0)
         assert len(rt.errors) == 1 and "needs asyncio" in str(rt.errors[0][1])
         assert "follow=False" in str(rt.errors[0][1])
+
+
+def test_commits_after_many_conflicts_keep_working_and_log_nothing(
+    pg_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A conflict aborts the commit's pipeline in the server: every later commit still
+    works (the pipelines run unprepared: psycopg took a statement of an aborted pipeline
+    as prepared in the alternating-processes dialog test), and a conflict, an everyday
+    answer, logs no warning."""
+    caplog.set_level("WARNING")
+    s = PostgresStore(pg_url)
+    b = DocKey("pg", "", "b")
+    try:
+        s.commit([Write(A, 0), Write(b, 0)])
+        for n in range(1, 15):
+            with pytest.raises(ConflictError):  # the first write conflicts: the second, the
+                # same statement, is skipped by the server
+                s.commit([Write(A, n, expect=n + 100), Write(b, n, expect=n)])
+            assert s.commit([Write(A, n, expect=n), Write(b, n, expect=n)]) == {A: n + 1,
+                                                                                  b: n + 1}
+    finally:
+        s.close()
+    assert [r.getMessage() for r in caplog.records] == []

@@ -1,13 +1,13 @@
-"""Two ``celldialog serve`` processes on one PostgreSQL database serve as one: a user's
-requests may reach either (as behind a proxy that spreads them), and what one process
-commits reaches the other's cells through the store's change feed, and from there the
-tabs connected to it.
+"""Two ``celldialog serve`` processes on one database (PostgreSQL, or a SQLite file) serve
+as one: a user's requests may reach either (as behind a proxy that spreads them), and what
+one process commits reaches the other's cells through the store's change feed, and from
+there the tabs connected to it.
 
 Both processes are the real command in a subprocess, with the same store (a fresh database
-of the throwaway cluster, ``pg_url``), the same ``CELLDIALOG_WEB_SECRET`` (so a cookie one
-of them signed is valid on the other) and the same loopback fake OpenAI server (the only
-mock, at the network edge); only the process that accepted a message asks the model. Every
-wait is on a condition, with a deadline.
+of the throwaway cluster, or one SQLite file: ``shared_store``), the same
+``CELLDIALOG_WEB_SECRET`` (so a cookie one of them signed is valid on the other) and the
+same loopback fake OpenAI server (the only mock, at the network edge); only the process
+that accepted a message asks the model. Every wait is on a condition, with a deadline.
 """
 
 from __future__ import annotations
@@ -54,9 +54,11 @@ def fake() -> Iterator[OpenAIServer]:
 
 
 @pytest.fixture
-def servers(tmp_path: Path, fake: OpenAIServer, pg_url: str) -> Iterator[tuple[Served, Served]]:
-    """Two ``celldialog serve`` processes (the chatbot) on one database, started together;
-    stopped, and their output printed (shown if the test failed), when the test ends."""
+def servers(tmp_path: Path, fake: OpenAIServer, shared_store: str
+            ) -> Iterator[tuple[Served, Served]]:
+    """Two ``celldialog serve`` processes (the chatbot) on one database (a fresh PostgreSQL
+    database, or one SQLite file: the same tests on both), started together; stopped, and
+    their output printed (shown if the test failed), when the test ends."""
     env = {**clean_env(tmp_path), "OPENAI_BASE_URL": fake.base_url,
            "CELLDIALOG_MODEL": "openai:gpt-4o-mini", "CELLDIALOG_WEB_SECRET": SECRET}
     pair = []
@@ -64,7 +66,7 @@ def servers(tmp_path: Path, fake: OpenAIServer, pg_url: str) -> Iterator[tuple[S
         workdir = tmp_path / name
         workdir.mkdir()
         served = Served(env, workdir)
-        served.store = pg_url
+        served.store = shared_store
         pair.append(served)
     try:
         with ThreadPoolExecutor(2) as pool:
