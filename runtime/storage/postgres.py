@@ -149,14 +149,15 @@ _VERSIONS = (
     "JOIN celldialog_docs d USING (space, scope, id)"
 )
 # Each write is one statement returning the new version, which also notifies (the payload
-# given, or built here when the version is only known here) and, when its expected
-# version is not the row's, raises CONFLICT: the commit's statements go in one pipeline,
-# one implicit transaction, so that error undoes them all (and no notification is sent).
+# given, or built here when the version is only known here). Alone in a commit, it is its
+# own transaction and raises CONFLICT when its expected version is not the row's (which
+# undoes it, notification included). Several go in one transaction, quietly: a write that
+# matched no row returns none, and the transaction is rolled back.
+_RAISE = " UNION ALL SELECT celldialog_conflict() WHERE NOT EXISTS (SELECT 1 FROM u)"
 _TAIL = (
     ", n AS (SELECT pg_notify('celldialog', coalesce(%s, json_build_array("
     "json_build_array(%s::text, %s::text, %s::text, u.version))::text)) FROM u) "
-    "SELECT u.version FROM u, n UNION ALL SELECT celldialog_conflict() "
-    "WHERE NOT EXISTS (SELECT 1 FROM u)"
+    "SELECT u.version FROM u, n" + _RAISE
 )
 _DROP_LOG = ("d AS (DELETE FROM celldialog_patches p USING u "
              "WHERE p.space = %s AND p.scope = %s AND p.id = %s)")
@@ -636,38 +637,50 @@ class PostgresStore:
         return found
 
     def _commit(self, conn: Any, plan: list[_Step], token: int) -> dict[DocKey, int]:
-        """One round trip: a single write is one statement (in autocommit, its own
-        transaction); several go in one pipeline, one implicit transaction. A write whose
-        expected version is not the row's raises ``CONFLICT`` in the server, which undoes
-        them all; then the versions are read to say which and why. (Behind a transaction
-        pooler, the pipeline also carries this transaction's ``lock_timeout``.)"""
+        """A single write is one statement, its own transaction (autocommit): one round
+        trip; its ``CONFLICT`` undoes it. Several are ``BEGIN``, the writes and a sync in
+        one pipeline, then ``COMMIT`` (or ``ROLLBACK`` when one matched no row): two round
+        trips, however many documents. The writes never fail on purpose there: psycopg,
+        which prepares a statement on its fifth use, could take one the server skipped
+        after an error as prepared. A conflict reads the versions to say which and why.
+        (Behind a transaction pooler the transaction also sets its ``lock_timeout``.)"""
         psycopg = self._psycopg
-        cursors: list[Any] = []
         try:
             if len(plan) == 1 and self.options.prepare:
-                cursors = [conn.execute(*_statement(plan[0], token))]
-            else:
-                failed: Exception | None = None
-                with conn.pipeline() as pipeline:  # unprepared: psycopg may take statements
-                    # of a pipeline the server aborted (a conflict) as prepared, and they are not
-                    if not self.options.prepare:
-                        conn.execute(_LOCK_TIMEOUT, (f"{self._lock_ms}ms",), prepare=False)
-                    cursors = [conn.execute(*_statement(step, token), prepare=False)
-                               for step in plan]
-                    try:
-                        pipeline.sync()  # here, so the pipeline ends clean (no warning logged)
-                    except psycopg.Error as e:
-                        failed = e
-                if failed is not None:
-                    raise failed
+                return {plan[0].write.key: conn.execute(*_statement(plan[0], token)
+                                                        ).fetchone()[0]}
+            rows = self._pipeline(conn, plan, token)
+            if any(row is None for row in rows):
+                conn.execute("ROLLBACK")
+                raise self._which_conflict(conn, plan)
+            conn.execute("COMMIT")
         except psycopg.Error as e:
             if e.sqlstate == CONFLICT:
                 raise self._which_conflict(conn, plan) from None
             if isinstance(e, psycopg.OperationalError) and _is_disconnect(e):
                 raise _Lost(e) from e
             raise
-        return {step.write.key: cur.fetchone()[0] for step, cur in zip(plan, cursors,
-                                                                         strict=True)}
+        return {step.write.key: row[0] for step, row in zip(plan, rows, strict=True)}
+
+    def _pipeline(self, conn: Any, plan: list[_Step], token: int) -> list[Any]:
+        """``BEGIN`` and every write in one round trip; each write's row (None: it matched
+        none). A server error rolls the transaction back before it is raised."""
+        psycopg = self._psycopg
+        failed: Exception | None = None
+        with conn.pipeline() as pipeline:
+            conn.execute("BEGIN")
+            if not self.options.prepare:
+                conn.execute(_LOCK_TIMEOUT, (f"{self._lock_ms}ms",))
+            cursors = [conn.execute(*_statement(step, token, alone=False)) for step in plan]
+            try:
+                pipeline.sync()  # inside the block: the pipeline ends clean, nothing logged
+            except psycopg.Error as e:
+                failed = e
+        if failed is not None:
+            if not conn.closed and conn.info.transaction_status != 0:  # not idle
+                conn.execute("ROLLBACK")
+            raise failed
+        return [cur.fetchone() for cur in cursors]
 
     def _which_conflict(self, conn: Any, plan: list[_Step]) -> StorageError:
         """The first write whose expected version is not the document's (in the commit's
@@ -732,20 +745,26 @@ class PostgresStore:
             f"Load the documents to see")
 
 
-def _statement(step: _Step, token: int) -> tuple[str, tuple[Any, ...]]:
+def _statement(step: _Step, token: int, *, alone: bool = True) -> tuple[str, tuple[Any, ...]]:
     """The SQL of one write and its arguments (the notification's payload given when the
-    new version is known here, else built by the server; ``token`` marks the commit)."""
+    new version is known here, else built by the server; ``token`` marks the commit).
+    ``alone``: the commit's only write, raising ``CONFLICT``; else quiet (no row)."""
     w, text, key = step.write, step.text, step.write.key
     version = None if w.expect is None else w.expect + 1
     notification = payload(key, version)
     tail = (notification, *key)
     if step.kind == "append":
-        return _APPEND, (len(text), token, *key, w.expect, *key, text, *tail)
-    if w.expect is None:
-        return _UPSERT, (*key, len(text), text, token, *key, *tail)
-    if w.expect == 0:
-        return _CREATE, (*key, len(text), text, token, *tail)
-    return _PUT, (len(text), text, token, *key, w.expect, *key, *tail)
+        sql, args = _APPEND, (len(text), token, *key, w.expect, *key, text, *tail)
+    elif w.expect is None:
+        sql, args = _UPSERT, (*key, len(text), text, token, *key, *tail)
+    elif w.expect == 0:
+        sql, args = _CREATE, (*key, len(text), text, token, *tail)
+    else:
+        sql, args = _PUT, (len(text), text, token, *key, w.expect, *key, *tail)
+    return (sql if alone else _QUIET[sql]), args
+
+
+_QUIET = {sql: sql.removesuffix(_RAISE) for sql in (_APPEND, _UPSERT, _CREATE, _PUT)}
 
 
 class _Cached(NamedTuple):
