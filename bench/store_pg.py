@@ -411,8 +411,9 @@ def one_commit(url: str, cfg: Config) -> list[bool]:
     table(out)
     print("  ours: one round trip: per document one conditional statement that also notifies "
           "(a patch: UPDATE + INSERT into its log; a patch that would make the log outgrow the "
-          "base is the whole value instead); one document: the statement alone, several: one "
-          "pipeline, one implicit transaction. floor, first row: one autocommit statement "
+          "base is the whole value instead); one document: the statement alone (one round "
+          "trip), several: BEGIN and the writes in one pipeline, then COMMIT (two). "
+          "floor, first row: one autocommit statement "
           "(a conditional UPDATE of the whole JSON that notifies); other rows: the naive way, "
           "BEGIN; a conditional UPDATE per document; pg_notify; COMMIT, a round trip each. "
           "CPU: this process's. ours/floor: the median over rounds of the ratio of the two "
