@@ -22,22 +22,24 @@ reads. As in SQLite, a patch is appended, not merged, and a patch that would mak
 larger than the base is written as the whole value instead: a write costs what it changes,
 and a load at most twice the document's size.
 
-A commit is one round trip. Values and patches are serialised, and patches checked against
-the value they apply to, before anything is sent (the value comes from a small cache of
-documents this store wrote, or is read). Each write is one conditional statement
-(``UPDATE ... WHERE version = expect``, ``INSERT ... ON CONFLICT DO NOTHING`` to create if
-absent) that also sends ``pg_notify('celldialog', ...)`` with its key and new version (the
-change feed, ``pg_feed.py``) and, when its row is not at the expected version, raises
-SQLSTATE ``CD409`` (``celldialog_conflict()``). The statements go in one pipeline, which
-PostgreSQL runs as one implicit transaction: the error undoes them all, notifications
-included, and becomes ``ConflictError`` naming the document. Writes go in key order, so two
-commits never deadlock on each other's rows.
+A commit is one round trip for one document, two for several. Values are serialised, and
+patches checked against the value they apply to, before anything is sent (the value comes
+from a small cache of documents this store wrote, or is read). Each write is one
+conditional statement (``UPDATE ... WHERE version = expect``, ``INSERT ... ON CONFLICT DO
+NOTHING`` to create if absent) that also sends ``pg_notify('celldialog', ...)`` with its key
+and new version (the change feed, ``pg_feed.py``), delivered only if the commit commits. A
+single write is its own transaction and raises SQLSTATE ``CD409`` (``celldialog_conflict()``)
+when its row is not at the expected version. Several are ``BEGIN`` and the writes in one
+pipeline, then ``COMMIT``, or ``ROLLBACK`` when one matched no row. Either way the conflict
+becomes ``ConflictError`` naming the document. Writes go in key order, so two commits never
+deadlock on each other's rows.
 
 Connections: idle ones are closed after ``MAX_IDLE`` (a cloud database kills them anyway),
 TCP keepalives are on and connecting times out after 10 s, so a long model call never finds
 a dead socket. A read that finds its connection dead is retried once on a connection the
-pool has just checked. A commit that loses its connection is read back: if it landed, its
-versions are returned; if nothing of it did, it is sent once more; if others wrote since,
+pool has just checked. A commit that loses its connection is read back by the random token
+its statements write on their rows: if it landed, its versions are returned; if it surely
+did not, it is sent once more (or is a ``ConflictError``); if others wrote since,
 ``StorageError`` says the outcome is unknown. Errors never show the URL's passwords
 (``pg_url.py``).
 """
