@@ -106,8 +106,8 @@ class Change:
 
 
 class Doc:
-    __slots__ = ("_compiled", "declared", "derived", "key", "label", "node", "readonly",
-                 "schema", "version")
+    __slots__ = ("_compiled", "_compiled_for", "declared", "derived", "key", "label", "node",
+                 "readonly", "schema", "version")
 
     def __init__(self, key: DocKey, node: Any, schema: dict[str, Any] | None, label: str,
                  derived: bool, version: int = 0, readonly: str | None = None) -> None:
@@ -115,6 +115,7 @@ class Doc:
         self.node = node
         self.schema = schema
         self._compiled: CompiledSchema | None = None
+        self._compiled_for: Any = None  # the schema object it was compiled for
         self.label = label
         self.derived = derived
         self.version = version
@@ -126,8 +127,9 @@ class Doc:
         if self.schema is None:
             return None
         c = self._compiled
-        if c is None or c.schema is not self.schema:
+        if c is None or self._compiled_for is not self.schema:  # shared by equal schemas
             c = self._compiled = compile_schema(self.schema)
+            self._compiled_for = self.schema
         return c
 
     def describe(self) -> str:

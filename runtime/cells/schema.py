@@ -17,6 +17,8 @@ Error text is built only when a value fails.
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
@@ -222,18 +224,37 @@ def _child(schema: dict[str, Any], token: str | int) -> Any:
     return None
 
 
-_COMPILED: dict[int, CompiledSchema] = {}
+CACHED_SCHEMAS = 1024  # entries of each cache below (the least recently used go first)
+# by the schema object (the hot path: an identity check), holding it so its id stays its
+_BY_ID: OrderedDict[int, tuple[dict[str, Any], CompiledSchema]] = OrderedDict()
+# by content: every instance of a pattern makes its schemas afresh, equal; they share one
+_BY_CONTENT: OrderedDict[str, CompiledSchema] = OrderedDict()
 
 
 def compile_schema(schema: dict[str, Any]) -> CompiledSchema:
-    """The compiled form of ``schema``, made once per schema object."""
-    hit = _COMPILED.get(id(schema))
-    if hit is not None and hit.schema is schema:
-        return hit
-    if len(_COMPILED) > 4096:
-        _COMPILED.clear()
-    hit = _COMPILED[id(schema)] = CompiledSchema(schema)
-    return hit
+    """The compiled form of ``schema``: one per distinct schema (by content, so the equal
+    schema dicts each instance of a pattern makes share it), found by the object's
+    identity first. Both caches are bounded, so nothing of an instance stays behind."""
+    hit = _BY_ID.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    try:
+        key: str | None = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):  # not plain JSON: compiled for this object alone
+        key = None
+    compiled = _BY_CONTENT.get(key) if key is not None else None
+    if compiled is None:
+        compiled = CompiledSchema(schema)
+        if key is not None:
+            _BY_CONTENT[key] = compiled
+            if len(_BY_CONTENT) > CACHED_SCHEMAS:
+                _BY_CONTENT.popitem(last=False)
+    else:
+        _BY_CONTENT.move_to_end(key)  # type: ignore[arg-type]
+    _BY_ID[id(schema)] = (schema, compiled)
+    if len(_BY_ID) > CACHED_SCHEMAS:
+        _BY_ID.popitem(last=False)
+    return compiled
 
 
 def validate(value: Any, schema: dict[str, Any] | None, where: Where) -> None:
