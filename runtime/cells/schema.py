@@ -247,12 +247,12 @@ def compile_schema(schema: dict[str, Any]) -> CompiledSchema:
         compiled = CompiledSchema(schema)
         if key is not None:
             _BY_CONTENT[key] = compiled
-            if len(_BY_CONTENT) > CACHED_SCHEMAS:
+            while len(_BY_CONTENT) > CACHED_SCHEMAS:
                 _BY_CONTENT.popitem(last=False)
     else:
         _BY_CONTENT.move_to_end(key)  # type: ignore[arg-type]
     _BY_ID[id(schema)] = (schema, compiled)
-    if len(_BY_ID) > CACHED_SCHEMAS:
+    while len(_BY_ID) > CACHED_SCHEMAS:
         _BY_ID.popitem(last=False)
     return compiled
 
