@@ -14,6 +14,7 @@ the pattern runs, not at the first model call.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -76,18 +77,40 @@ def build_catalog(tools: Mapping[str, Any], builtin_tools: bool,
                 "{'description': '...', 'handler': my_handler(state=cell)} or "
                 "{'description': '...', 'pattern': my_pattern}")
         out[tool_name] = ToolSpec(
-            Tool(name=tool_name, description=spec.get("description", ""),
-                 input_schema=advertised_schema(inline_refs(schema))), stream,
+            _tool(tool_name, spec.get("description", ""), schema), stream,
             tool_pattern if isinstance(tool_pattern, Pattern) else None)
     if builtins_on:  # after the pattern's own tools, before presentResult
         for tool in MANAGEMENT_TOOLS:
             out[tool.name] = ToolSpec(tool, None)
     if result_schema is not None:
-        out[PRESENT_RESULT] = ToolSpec(Tool(
-            name=PRESENT_RESULT,
-            description="Present the final result of the task, in the shape its schema asks.",
-            input_schema=advertised_schema(inline_refs(result_schema))), None)
+        out[PRESENT_RESULT] = ToolSpec(_tool(
+            PRESENT_RESULT,
+            "Present the final result of the task, in the shape its schema asks.",
+            result_schema), None)
     return out
+
+
+_TOOLS: OrderedDict[tuple[str, str, str], Tool] = OrderedDict()
+CACHED_TOOLS = 1024  # advertised tools remembered (the least recently used go first)
+
+
+def _tool(name: str, description: Any, schema: dict[str, Any]) -> Tool:
+    """The tool as advertised. Every instance of a pattern declares the same tools: they
+    share one (immutable) ``Tool``, made once, instead of each rewriting the schema."""
+    try:
+        key = (name, description, json.dumps(schema, sort_keys=True))
+        hit = _TOOLS.get(key)
+    except (TypeError, ValueError):  # not plain JSON (or an unhashable description)
+        return Tool(name=name, description=description,
+                    input_schema=advertised_schema(inline_refs(schema)))
+    if hit is None:
+        hit = _TOOLS[key] = Tool(name=name, description=description,
+                                 input_schema=advertised_schema(inline_refs(schema)))
+        while len(_TOOLS) > CACHED_TOOLS:
+            _TOOLS.popitem(last=False)
+    else:
+        _TOOLS.move_to_end(key)
+    return hit
 
 
 def dialog_tool_choice(choice: Any, catalog: Mapping[str, ToolSpec], where: str) -> ToolChoice:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._text import describe_surrogate, has_surrogate
@@ -26,36 +25,50 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 
-@contextmanager
-def writing(docs: Documents) -> Iterator[Transaction]:
+class writing:
     """The calling task's open transaction, or a new one, committed when the block ends
-    without an exception and aborted when it raises."""
-    if signals.in_computation():  # even under untracked() or peek()
-        who = signals.current_subscriber()
-        what = f"{who!r}" if who is not None else "a computation (inside untracked())"
-        raise WriteInComputationError(
-            f"{what} tried to write a cell; computations must be pure: write from a handler "
-            "instead"
-        )
-    tx = docs.tx
-    if tx is not None:  # nested: join it, but a block that raises takes back what it did
-        point = tx.savepoint()
-        try:
-            yield tx
-        except BaseException:
-            if tx.state is TxState.OPEN:
-                tx.rollback_to(point)
-            raise
-        return
-    docs.check_open("writing a cell")
-    tx = Transaction(docs)
-    with tx.bound():
-        try:
-            yield tx
-        except BaseException:
+    without an exception and aborted when it raises. Nested in an open one, it joins it,
+    and a block that raises takes back what it did.
+
+    A class rather than a ``@contextmanager`` generator: every cell write passes here."""
+
+    __slots__ = ("_docs", "_nested", "_point", "_token", "_tx")
+
+    def __init__(self, docs: Documents) -> None:
+        self._docs = docs
+
+    def __enter__(self) -> Transaction:
+        if signals.in_computation():  # even under untracked() or peek()
+            who = signals.current_subscriber()
+            what = f"{who!r}" if who is not None else "a computation (inside untracked())"
+            raise WriteInComputationError(
+                f"{what} tried to write a cell; computations must be pure: write from a "
+                "handler instead"
+            )
+        docs = self._docs
+        tx = docs.tx
+        if tx is not None:
+            self._tx, self._nested = tx, True
+            self._point = tx.savepoint()
+            return tx
+        docs.check_open("writing a cell")
+        tx = self._tx = Transaction(docs)
+        self._nested = False
+        self._token = tx.bind()
+        return tx
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                 tb: Any) -> None:
+        tx = self._tx
+        if self._nested:
+            if kind is not None and tx.state is TxState.OPEN:
+                tx.rollback_to(self._point)
+            return
+        tx.unbind(self._token)
+        if kind is not None:
             tx.abort()
-            raise
-    tx.commit()
+            return
+        tx.commit()
 
 
 class Cell:

@@ -502,6 +502,15 @@ class Transaction:
         finally:
             _tx.reset(token)
 
+    def bind(self) -> Any:
+        """``bound()`` without the block: make this the calling task's transaction; the
+        token returned goes to ``unbind``."""
+        return _tx.set(self)
+
+    @staticmethod
+    def unbind(token: Any) -> None:
+        _tx.reset(token)
+
     def savepoint(self) -> tuple[Any, ...]:
         """Where the transaction is now, for ``rollback_to`` (a nested block that raises)."""
         return ({k: len(p.ops) for k, p in self.pending.items()}, len(self.outbox),

@@ -6,10 +6,13 @@ import hashlib
 import json
 from typing import Any
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
 
 def canonical(value: Any) -> str:
-    """Stable JSON text: sorted keys, no whitespace."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Stable JSON text: sorted keys, no whitespace (what ``json.dumps`` with those options
+    writes; one encoder made once, as ``dumps`` would make one per call)."""
+    return _CANONICAL.encode(value)
 
 
 def derive(*parts: Any) -> str:

@@ -131,7 +131,16 @@ def check_json(value: Any, where: str | Callable[[], str] = "value", *, depth: i
     The copy runs without building any message text; only when it fails does a second,
     slower pass find where, for the error."""
     try:
-        return _check(value, depth, links, (), None, made)
+        if links is None and made is None:
+            return _check(value, depth, None, (), None, None)
+        # the common case first: no link in the data, nothing made by code. Only when the
+        # quick copy meets one is the value walked again keeping every place's path
+        return _plain(value, depth)
+    except _HasLinks:
+        try:
+            return _check(value, depth, links, (), None, made)
+        except _Bad:
+            pass
     except _Bad:
         pass
     # raises NotJSONError naming the place
@@ -141,6 +150,44 @@ def check_json(value: Any, where: str | Callable[[], str] = "value", *, depth: i
 
 class _Bad(Exception):
     """The fast pass found something that is not JSON (the slow pass says where)."""
+
+
+class _HasLinks(Exception):
+    """The quick copy met a link or a value made by code: the pass that records paths runs."""
+
+
+def _plain(value: Any, depth: int) -> Any:
+    """``_check`` without recording paths: raises ``_HasLinks`` at the first link-shaped
+    object or ``__json__``/pydantic value, ``_Bad`` at anything not JSON."""
+    t = type(value)
+    if t is str:
+        if not value.isascii() and has_surrogate(value):
+            raise _Bad
+        return value
+    if t is dict:
+        if depth >= MAX_NESTING:
+            raise _Bad
+        d = depth + 1
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str or (not k.isascii() and has_surrogate(k)):
+                raise _Bad
+            tv = type(v)
+            out[k] = v if (tv is str and v.isascii()) or tv is bool or tv is type(None) \
+                else _plain(v, d)
+        if LINK in out and is_link(out):
+            raise _HasLinks
+        return out
+    if t is list or t is tuple:
+        if depth >= MAX_NESTING:
+            raise _Bad
+        d = depth + 1
+        return [_plain(v, d) for v in value]
+    if t in JSON_SCALARS:
+        return _check(value, depth, None, ())
+    if getattr(value, "__json__", None) is not None or isinstance(value, BaseModel):
+        raise _HasLinks
+    raise _Bad
 
 
 def _check(value: Any, depth: int, links: list[Path] | None, at: Path,

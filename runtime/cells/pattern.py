@@ -146,6 +146,23 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Cell]:
     return node
 
 
+@functools.lru_cache(maxsize=1024)
+def _function_parameters(fn: Callable[..., Any]) -> tuple[inspect.Parameter, ...]:
+    return tuple(inspect.signature(fn).parameters.values())
+
+
+def _parameters(fn: Callable[..., Any]) -> list[inspect.Parameter]:
+    """``fn``'s parameters, read once per function: a builtin binds a method of each of its
+    instances (``inspect.signature`` costs more than the rest of the binding)."""
+    func = getattr(fn, "__func__", None)
+    if func is not None and getattr(fn, "__self__", None) is not None:
+        return list(_function_parameters(func)[1:])  # a bound method: without self
+    try:
+        return list(_function_parameters(fn))
+    except TypeError:  # unhashable callable
+        return list(inspect.signature(fn).parameters.values())
+
+
 class Handler:
     """A function ``fn(event, **state)``; calling it with the state binds it to a Stream."""
 
@@ -162,7 +179,7 @@ class Handler:
         self.name = fn.__name__
         self.event_schema = event_schema
         self.event_model = event_model  # events arrive as this model when it is set
-        params = list(inspect.signature(fn).parameters.values())
+        params = _parameters(fn)
         if not params:
             raise PatternError(f"handler {self.name} must take the event as its first parameter")
         self._state = params[1:]

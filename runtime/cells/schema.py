@@ -49,23 +49,51 @@ _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comme
 
 def to_json_schema(schema: SchemaLike | None) -> dict[str, Any] | None:
     """Normalise a schema argument: None, a JSON Schema dict, or a type pydantic understands.
-    An invalid JSON Schema raises ``SchemaError`` naming the problem."""
+    An invalid JSON Schema raises ``SchemaError`` naming the problem.
+
+    Both are remembered (bounded): a pattern's schemas are constants its every instance
+    passes again, and checking a dict against the metaschema or generating a type's schema
+    costs far more than running the instance. A type's schema is one shared dict: treat
+    it as read-only."""
     if schema is None:
         return None
     if isinstance(schema, dict):
-        cls = jsonschema.validators.validator_for(schema)
-        try:
-            cls.check_schema(schema)
-        except jsonschema.SchemaError as e:
-            where = pointer(tuple(e.absolute_path)) or "/"
-            raise SchemaError(
-                f"invalid JSON Schema: at {where} {_short(e.message)}; see "
-                "https://json-schema.org/understanding-json-schema/",
-                path=where, rule=str(e.validator),
-            ) from None
+        key = _canonical(schema)  # by content: a dict changed since it was checked is new
+        if key is None or key not in _CHECKED:
+            _check_schema(schema)
+            if key is not None:
+                _remember(_CHECKED, key, True)
+        else:
+            _CHECKED.move_to_end(key)
         return schema
     if isinstance(schema, bool):
         raise SchemaError(f"a schema must be a JSON Schema dict or a type, got {schema!r}")
+    try:
+        made = _BY_TYPE.get(schema)
+    except TypeError:  # an unhashable annotation: made every time
+        return _type_schema(schema)
+    if made is None:
+        made = _type_schema(schema)
+        _remember(_BY_TYPE, schema, made)
+    else:
+        _BY_TYPE.move_to_end(schema)
+    return made
+
+
+def _check_schema(schema: dict[str, Any]) -> None:
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = pointer(tuple(e.absolute_path)) or "/"
+        raise SchemaError(
+            f"invalid JSON Schema: at {where} {_short(e.message)}; see "
+            "https://json-schema.org/understanding-json-schema/",
+            path=where, rule=str(e.validator),
+        ) from None
+
+
+def _type_schema(schema: Any) -> dict[str, Any]:
     try:
         return TypeAdapter(schema).json_schema()
     except Exception as e:  # pydantic raises several error types for unsupported types
@@ -73,6 +101,21 @@ def to_json_schema(schema: SchemaLike | None) -> dict[str, Any] | None:
             f"cannot derive a JSON Schema from {schema!r}: {_short(str(e))}. "
             "Pass a JSON Schema dict, a pydantic model or a plain Python type"
         ) from None
+
+
+def _canonical(schema: dict[str, Any]) -> str | None:
+    """The schema's content as one string (a cache key), None if it is not plain JSON."""
+    try:
+        return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > CACHED_SCHEMAS:
+        cache.popitem(last=False)
 
 
 def _strict(cls: Any) -> Any:
@@ -229,6 +272,9 @@ CACHED_SCHEMAS = 1024  # entries of each cache below (the least recently used go
 _BY_ID: OrderedDict[int, tuple[dict[str, Any], CompiledSchema]] = OrderedDict()
 # by content: every instance of a pattern makes its schemas afresh, equal; they share one
 _BY_CONTENT: OrderedDict[str, CompiledSchema] = OrderedDict()
+# to_json_schema: the dicts found valid (by content) and the schemas made from types
+_CHECKED: OrderedDict[str, bool] = OrderedDict()
+_BY_TYPE: OrderedDict[Any, dict[str, Any]] = OrderedDict()
 
 
 def compile_schema(schema: dict[str, Any]) -> CompiledSchema:

@@ -16,6 +16,7 @@ documents.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import quote, unquote
 
 from ..errors import LinkError, ScopeError
@@ -44,6 +45,17 @@ def _enc(text: str) -> str:
     return quote(text, safe="")
 
 
+@lru_cache(maxsize=4096)
+def _key(user: str | None, session: str | None) -> str:
+    """A scope's key, made once per scope in use (every document and link of an instance
+    asks for it; percent-encoding is slow)."""
+    if session is not None:
+        return f"session:{_enc(user or '')}:{_enc(session)}"
+    if user is not None:
+        return f"user:{_enc(user)}"
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class Scope:
     """Shared (both None), a user's (``user``), or a session's (``session``, with or without
@@ -62,11 +74,7 @@ class Scope:
     def key(self) -> str:
         """The store's scope key: ``""``, ``"user:<u>"``, ``"session:<u>:<s>"`` or
         ``"session::<s>"`` (ids percent-encoded)."""
-        if self.session is not None:
-            return f"session:{_enc(self.user or '')}:{_enc(self.session)}"
-        if self.user is not None:
-            return f"user:{_enc(self.user)}"
-        return ""
+        return _key(self.user, self.session)
 
     @classmethod
     def parse(cls, key: str) -> Scope:

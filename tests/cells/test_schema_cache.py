@@ -44,3 +44,43 @@ def test_a_schema_that_is_not_plain_json_is_compiled_for_itself() -> None:
     assert compile_schema(odd) is compiled
     with pytest.raises(SchemaError):
         compiled.validate(4, lambda: "n")
+
+
+# -- to_json_schema: what every rt.run of a pattern passes again ------------------------
+
+
+def test_a_checked_schema_is_checked_again_once_changed() -> None:
+    from runtime.cells.schema import to_json_schema
+
+    s = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert to_json_schema(s) is s
+    assert to_json_schema(copy.deepcopy(s)) is not None  # equal content: found valid
+    s["properties"]["n"]["type"] = "no such type"  # the same dict, now invalid
+    with pytest.raises(SchemaError, match="no such type"):
+        to_json_schema(s)
+    with pytest.raises(SchemaError):  # an invalid schema is never remembered as valid
+        to_json_schema(s)
+
+
+def test_a_types_schema_is_made_once_and_shared() -> None:
+    from pydantic import BaseModel
+
+    from runtime.cells.schema import to_json_schema
+
+    class Item(BaseModel):
+        title: str
+
+    one, two = to_json_schema(Item), to_json_schema(Item)
+    assert one is two and one["properties"]["title"]["type"] == "string"
+    assert to_json_schema(list[int]) == {"type": "array", "items": {"type": "integer"}}
+    with pytest.raises(SchemaError, match="cannot derive"):
+        to_json_schema(object())  # not a type pydantic understands: a clear error each time
+
+
+def test_the_checked_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.cells.schema import to_json_schema
+
+    monkeypatch.setattr(schema_module, "CACHED_SCHEMAS", 8)
+    for n in range(50):
+        to_json_schema({"type": "integer", "minimum": n})
+    assert len(schema_module._CHECKED) <= 8

@@ -1,0 +1,108 @@
+"""What every ``rt.run`` of a pattern does again is done once and shared: a handler's
+parameters, a scope's key, a dialog's advertised tools; and the quick copy of written JSON
+still finds every link (it hands them to the pass that records where they are)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime import Runtime, cell, handler, pattern
+from runtime.cells.jsonpath import check_json
+from runtime.cells.scope import Scope
+from runtime.errors import NotJSONError
+
+
+def test_links_are_found_by_the_pass_that_records_paths() -> None:
+    link = {"@link": "/abc/x"}
+    links: list = []
+    out = check_json({"a": [1, {"b": link}], "c": "text"}, links=links)
+    assert out == {"a": [1, {"b": link}], "c": "text"}
+    assert out["a"][1]["b"] is not link  # a copy
+    assert links == [("a", 1, "b")]
+    links = []
+    assert check_json({"@link": "/x", "more": 1}, links=links) == {"@link": "/x", "more": 1}
+    assert links == []  # an object with "@link" beside other keys is data
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"a": [float("nan")]}, "NaN"),
+    ({"a": {"b": "\ud800"}}, "surrogate"),
+    ({1: "x"}, "non-string key"),
+    ({"a": object()}, "not JSON"),
+])
+def test_the_quick_copy_refuses_what_the_slow_one_names(bad: object, words: str) -> None:
+    with pytest.raises(NotJSONError, match=words):
+        check_json(bad, "value", links=[])
+
+
+def test_deep_values_are_refused_on_the_quick_path_too() -> None:
+    deep: object = "x"
+    for _ in range(150):
+        deep = {"k": deep}
+    with pytest.raises(NotJSONError, match="nests deeper"):
+        check_json(deep, "value", links=[])
+
+
+def test_scope_keys_are_made_once_and_still_distinct() -> None:
+    a, b = Scope.of("u:1", "s"), Scope.of("u", "1:s")
+    assert a.key != b.key and a.key is Scope.of("u:1", "s").key
+    assert Scope.parse(a.key) == a
+
+
+def test_a_bound_method_handler_sees_its_own_state_parameters() -> None:
+    class Box:
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def on(self, event, items):
+            items.push(event)
+            self.seen.append(event)
+
+    boxes = [Box(), Box()]
+
+    @pattern(name="boxes")
+    def boxed():
+        items = cell([], name="items")
+        return {"items": items, "a": handler(boxes[0].on)(items=items),
+                "b": handler(boxes[1].on)(items=items)}
+
+    async def main() -> None:
+        async with Runtime(store="memory") as rt:
+            inst = rt.run(boxed)
+            await inst.send("a", "one")
+            await inst.send("b", "two")
+            await rt.settled()
+            assert inst.result.key("items").get() == ["one", "two"]
+
+    import anyio
+
+    anyio.run(main)
+    assert boxes[0].seen == ["one"] and boxes[1].seen == ["two"]
+
+
+def test_equal_tools_are_one_shared_tool() -> None:
+    from runtime.builtins.dialog_tools import build_catalog
+
+    @handler
+    def add(event: dict, items):
+        items.push(event)
+
+    made = []
+
+    @pattern(name="tools")
+    def tools():
+        items = cell([], name="items")
+        made.append(build_catalog({"add": {"description": "Add.", "handler": add(items=items)}},
+                                  False, None))
+        return {"items": items}
+
+    async def main() -> None:
+        async with Runtime(store="memory") as rt:
+            rt.run(tools, session="1")
+            rt.run(tools, session="2")
+
+    import anyio
+
+    anyio.run(main)
+    assert made[0]["add"].tool is made[1]["add"].tool
+    assert made[0]["add"].stream is not made[1]["add"].stream
