@@ -28,6 +28,7 @@ from ..errors import (
 )
 from ..storage import DocKey, Store, can_watch, open_store
 from .cell import Cell, Stream, accept_json, writing
+from .collector import FreezePolicy
 from .documents import Change, Documents, Transaction, current_transaction
 from .ids import canonical, derive
 from .jsonpath import MISSING, check_json
@@ -124,12 +125,17 @@ class Runtime:
     so commits by other processes on the same database reach this runtime's cells within
     the feed's latency (PostgreSQL: a notification; SQLite: a poll, 50 ms by default), not
     only when a commit here conflicts with them.
+
+    ``freeze_gc`` (default False): keep the garbage collector's cost per step flat with
+    thousands of live instances (``runtime.cells.collector``). Process-wide: for an
+    application that owns its process, as ``celldialog serve`` does.
     """
 
     def __init__(self, store: str | Store = "memory", *,
                  clock: Callable[[], float] = time.time,
                  max_event_chain: int = MAX_CHAIN, model: Any = None,
-                 lease_ttl: float | None = None, follow: bool = True) -> None:
+                 lease_ttl: float | None = None, follow: bool = True,
+                 freeze_gc: bool = False) -> None:
         self.store = open_store(store)
         # a memory store made here from "memory" has no writer but this runtime: nothing
         # to follow (and its own commits would only wake the follower for nothing)
@@ -145,6 +151,7 @@ class Runtime:
         self._tg: TaskGroup | None = None
         self._state = _State.NEW
         self._inflight = 0
+        self.collector = FreezePolicy(lambda: len(self._running)) if freeze_gc else None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -236,6 +243,8 @@ class Runtime:
                 self.lease.close()  # released while the store is open: others recover at once
             finally:
                 self.store.close()
+                if self.collector is not None:
+                    self.collector.close()
 
     @property
     def errors(self) -> list[tuple[str, BaseException]]:
@@ -307,6 +316,8 @@ class Runtime:
         for stream in builder.streams:
             stream.owner = inst
         self._running.add(inst, builder.streams, placed)
+        if self.collector is not None:
+            self.collector.started()
         return inst
 
     def stop(self, instance: Instance) -> None:

@@ -87,7 +87,8 @@ def command(pattern: str | None, model: str | None, store: str | None, host: str
     app = create_app(target, store=where, model=choice.model, args=args, space=space,
                      secret=secret,
                      authenticate=_load_auth(auth) if auth else None, limits=limits,
-                     allowed_hosts=hosts, allowed_origins=list(allowed_origins))
+                     allowed_hosts=hosts, allowed_origins=list(allowed_origins),
+                     freeze_gc=True)  # the process is the server's: see runtime.cells.collector
     sock = _bind(host, port)
 
     import anyio

@@ -78,7 +78,8 @@ def create_app(pattern: Pattern, *, runtime: Runtime | None = None,
                space: str = "default", secret: str | bytes | None = None,
                authenticate: Authenticate | None = None, limits: Limits | None = None,
                allowed_hosts: list[str] | None = None,
-               allowed_origins: list[str] | None = None) -> Starlette:
+               allowed_origins: list[str] | None = None,
+               freeze_gc: bool = False) -> Starlette:
     """The app serving ``pattern`` to many users at once.
 
     ``runtime``: a running ``Runtime`` to serve from (its owner opens and closes it);
@@ -89,7 +90,9 @@ def create_app(pattern: Pattern, *, runtime: Runtime | None = None,
     application's own login; with it no cookie is minted. ``allowed_hosts``: the ``Host``
     names served (default: the loopback names; ``["*"]`` for any); ``allowed_origins``:
     origins besides the page's own that may POST (a page served under another name by a
-    proxy).
+    proxy). ``freeze_gc``: the runtime the app opens keeps the garbage collector's cost
+    flat with many sessions (``Runtime(freeze_gc=True)``; process-wide, so for a process
+    the app owns, as ``celldialog serve``'s).
     """
     if not isinstance(pattern, Pattern):
         raise WebConfigError(f"create_app() serves a @pattern, got {pattern!r}")
@@ -109,7 +112,7 @@ def create_app(pattern: Pattern, *, runtime: Runtime | None = None,
                 finally:
                     server.close(stop_instances=True)  # the runtime lives on: free it
             else:
-                async with Runtime(store, model=model) as rt:
+                async with Runtime(store, model=model, freeze_gc=freeze_gc) as rt:
                     server.rt = rt
                     await server.start(tg)
                     try:

@@ -1,0 +1,78 @@
+"""``Runtime(freeze_gc=True)``: live objects leave the collector's sight after enough
+instances start, frozen cycles that became garbage are collected at the next refreeze, and
+closing the runtime hands everything back."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import anyio
+import pytest
+
+from runtime import Runtime, cell, computed, pattern
+from runtime.cells import collector
+
+
+class Payload:
+    """Something an instance's graph holds, in a reference cycle (only the collector
+    frees it)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture(autouse=True)
+def _thawed():
+    yield
+    gc.unfreeze()  # whatever a failing test left frozen goes back to the collector
+
+
+def test_refreezes_as_instances_double_and_thaws_at_close(monkeypatch) -> None:
+    monkeypatch.setattr(collector, "FLOOR", 4)
+    held: list[weakref.ref[Payload]] = []
+
+    @pattern(name="gc-counter")
+    def counter():
+        payload = Payload()
+        held.append(weakref.ref(payload))
+        n = cell(0, name="n")
+        # the instance's graph keeps it alive (a computed's closure holds it)
+        shown = computed(lambda: n.get() if payload.me else None, name="shown")
+        return {"n": n, "shown": shown}
+
+    async def main() -> None:
+        async with Runtime(store="memory", freeze_gc=True) as rt:
+            assert rt.collector is not None
+            insts = [rt.run(counter, session=f"s{i}") for i in range(3)]
+            assert gc.get_freeze_count() == 0 and rt.collector.refreezes == 0
+            insts.append(rt.run(counter, session="s3"))  # the 4th: the first refreeze
+            assert rt.collector.refreezes == 1 and gc.get_freeze_count() > 0
+            for inst in insts:
+                rt.stop(inst)
+            del inst, insts
+            gc.collect()  # frozen cycles are out of the collector's sight
+            assert held[0]() is not None
+            for i in range(4):  # as many started again as were running: refreeze
+                rt.run(counter, session=f"t{i}")
+            assert rt.collector.refreezes == 2
+            assert all(ref() is None for ref in held[:4])  # the stopped ones' cycles freed
+            assert all(ref() is not None for ref in held[4:])  # the running ones kept
+        assert gc.get_freeze_count() == 0  # closed: everything back with the collector
+
+    anyio.run(main)
+
+
+def test_off_by_default() -> None:
+    @pattern(name="gc-plain")
+    def plain():
+        return {"n": cell(0, name="n")}
+
+    async def main() -> None:
+        async with Runtime(store="memory") as rt:
+            assert rt.collector is None
+            for i in range(5):
+                rt.run(plain, session=f"s{i}")
+            assert gc.get_freeze_count() == 0
+
+    anyio.run(main)
