@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 from .._text import describe_surrogate, has_surrogate, scrub
-from ..cells import is_link
+from ..cells import is_link, same
 from ..errors import PatternError
 from ..llm import ImageBlock, Message, Role, TextBlock, with_unique_call_ids
 from ..llm.safety import SUPPORTED_IMAGE_MEDIA_TYPES, supported_image_media_type
@@ -139,17 +139,39 @@ def _check_text(text: str, where: str) -> None:
 def load_history(raw: Any) -> tuple[Message, ...]:
     """The stored history as messages. Text that cannot be encoded is replaced (see the
     module docstring); anything else that is not a message is a ``PatternError``."""
-    if not isinstance(raw, list):
-        raise PatternError(f"the dialog's messages cell holds {type(raw).__name__}, not a "
-                           "list of messages")
-    try:
-        history = [_message(m) for m in raw]
-    except ValueError as e:
-        raise PatternError(f"the dialog's messages cell holds something that is not a "
-                           f"message: {_short(str(e), 300)}") from None
-    # a call reusing an earlier call's id (stored before servers' missing ids were minted
-    # unique) gets a fresh one, and so do its results: Request refuses a repeated id
-    return with_unique_call_ids(history)
+    return TypedHistory().load(raw)
+
+
+class TypedHistory:
+    """The stored history as messages, remembered between turns: a turn validates only the
+    messages that are not, by value (JSON's strict equality), the ones it validated last
+    time. Anyone may rewrite the history between turns; whatever changed is read again."""
+
+    __slots__ = ("_raw", "_typed")
+
+    def __init__(self) -> None:
+        self._raw: list[Any] = []
+        self._typed: list[Message] = []
+
+    def load(self, raw: Any) -> tuple[Message, ...]:
+        """``raw`` (the messages cell's value, a copy this takes over) as messages."""
+        if not isinstance(raw, list):
+            raise PatternError(f"the dialog's messages cell holds {type(raw).__name__}, not a "
+                               "list of messages")
+        old, n = self._raw, 0
+        limit = min(len(old), len(raw))
+        while n < limit and same(old[n], raw[n]):
+            n += 1
+        try:
+            typed = self._typed[:n] + [_message(m) for m in raw[n:]]
+        except ValueError as e:
+            raise PatternError(f"the dialog's messages cell holds something that is not a "
+                               f"message: {_short(str(e), 300)}") from None
+        self._raw, self._typed = raw, typed
+        # a call reusing an earlier call's id (stored before servers' missing ids were
+        # minted unique) gets a fresh one, and so do its results: Request refuses a
+        # repeated id
+        return with_unique_call_ids(typed)
 
 
 def _message(raw: Any) -> Message:

@@ -55,7 +55,7 @@ from ..llm import (
     run_steps,
     unanswered_calls,
 )
-from .dialog_input import inert, inert_message, load_history, user_message
+from .dialog_input import TypedHistory, inert, inert_message, user_message
 from .dialog_tools import (
     PRESENT_RESULT,
     ToolSpec,
@@ -298,6 +298,7 @@ class _DialogNode:
         self._runs: dict[str, _TurnRun] = {}  # what each running turn of this process knows
         self._rt: Runtime | None = None  # known once a turn was accepted here
         self._ending: set[str] = set()  # turns of this process ending by their own commit
+        self.typed = TypedHistory()  # the history as messages, kept from turn to turn
         node.on_stop(self._stop)
         for cell in (self.state.turn, self.state.pending):
             node.on_stop(cell.sink(lambda _: self._stop_lost_turns()))
@@ -432,7 +433,7 @@ class _DialogNode:
             run.management = Management(rt, pins=self.pins, space=self.node.space,
                                         own_streams=self.own_streams,
                                         scope=self.node.scope.key)
-            history = load_history(self.messages.get())
+            history = self.typed.load(self.messages.get())
             stable = len(history)
             tools = tuple(s.tool for s in self.catalog.values())
 

@@ -1,0 +1,69 @@
+"""The dialog's history as messages is kept between turns: only messages that changed (by
+JSON's strict equality) or are new are validated again."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from runtime.builtins import dialog_input
+from runtime.builtins.dialog_input import TypedHistory
+from runtime.errors import PatternError
+
+
+def _msg(role: str, text: str) -> dict:
+    return {"role": role, "blocks": [{"kind": "text", "text": text}]}
+
+
+def _call(cid: str, value: object) -> dict:
+    return {"role": "assistant",
+            "blocks": [{"kind": "tool_use", "id": cid, "name": "add", "input": {"n": value}}]}
+
+
+@pytest.fixture
+def validated(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    seen: list[dict] = []
+    real = dialog_input._message
+
+    def counting(raw):
+        seen.append(raw)
+        return real(raw)
+
+    monkeypatch.setattr(dialog_input, "_message", counting)
+    return seen
+
+
+def test_only_new_messages_are_validated(validated: list[dict]) -> None:
+    cache = TypedHistory()
+    raw = [_msg("user", "hi"), _msg("assistant", "hello")]
+    first = cache.load(copy.deepcopy(raw))
+    assert [m.text_content() for m in first] == ["hi", "hello"] and len(validated) == 2
+    raw.append(_msg("user", "again"))
+    again = cache.load(copy.deepcopy(raw))
+    assert [m.text_content() for m in again] == ["hi", "hello", "again"]
+    assert len(validated) == 3  # the first two were not validated again
+    assert again[0] is first[0]
+
+
+def test_a_rewritten_message_is_read_again(validated: list[dict]) -> None:
+    cache = TypedHistory()
+    raw = [_msg("user", "add"), _call("c1", 1)]
+    cache.load(copy.deepcopy(raw))
+    raw[1]["blocks"][0]["input"]["n"] = True  # == 1 in Python, not in JSON
+    out = cache.load(copy.deepcopy(raw))
+    assert out[1].tool_uses()[0].input == {"n": True}
+    raw[0] = _msg("user", "edited")
+    out = cache.load(copy.deepcopy(raw))
+    assert out[0].text_content() == "edited" and len(out) == 2
+    assert cache.load([])== ()  # cleared
+
+
+def test_garbage_is_still_refused() -> None:
+    cache = TypedHistory()
+    cache.load([_msg("user", "hi")])
+    with pytest.raises(PatternError, match="not a message"):
+        cache.load([_msg("user", "hi"), {"role": "nobody"}])
+    with pytest.raises(PatternError, match="not a list"):
+        cache.load({"role": "user"})
+    assert [m.text_content() for m in cache.load([_msg("user", "hi")])] == ["hi"]
