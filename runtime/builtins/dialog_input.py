@@ -142,10 +142,15 @@ def load_history(raw: Any) -> tuple[Message, ...]:
     return TypedHistory().load(raw)
 
 
+KEEP_FROM = 16  # a history this long is kept typed between turns (shorter: read again)
+
+
 class TypedHistory:
     """The stored history as messages, remembered between turns: a turn validates only the
     messages that are not, by value (JSON's strict equality), the ones it validated last
-    time. Anyone may rewrite the history between turns; whatever changed is read again."""
+    time. Anyone may rewrite the history between turns; whatever changed is read again.
+    A short history (under ``KEEP_FROM`` messages) costs little to read again and is not
+    kept: an idle session holds no second copy of it."""
 
     __slots__ = ("_raw", "_typed")
 
@@ -167,7 +172,10 @@ class TypedHistory:
         except ValueError as e:
             raise PatternError(f"the dialog's messages cell holds something that is not a "
                                f"message: {_short(str(e), 300)}") from None
-        self._raw, self._typed = raw, typed
+        if len(raw) >= KEEP_FROM:
+            self._raw, self._typed = raw, typed
+        elif self._raw:
+            self._raw, self._typed = [], []
         # a call reusing an earlier call's id (stored before servers' missing ids were
         # minted unique) gets a fresh one, and so do its results: Request refuses a
         # repeated id

@@ -142,6 +142,9 @@ class Documents:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        # the store is this runtime's alone (a MemoryStore made for it): no other writer,
+        # so what is loaded here is what is stored
+        self.sole_writer = False
         self._docs: dict[DocKey, Doc] = {}
         self.listeners: list[Callable[[list[Change]], None]] = []
         self.errors: deque[tuple[str, BaseException]] = deque(maxlen=MAX_ERRORS)
@@ -293,7 +296,10 @@ class Documents:
 
     def refresh(self, keys: list[DocKey]) -> int:
         """Read ``keys`` again from the store now, not waiting for the change feed (a
-        decision that must not rest on a copy another process may have moved ahead)."""
+        decision that must not rest on a copy another process may have moved ahead).
+        Nothing to read when this runtime is the store's only writer (``sole_writer``)."""
+        if self.sole_writer:
+            return 0
         fresh: dict[DocKey, Any] = {}
         for key in keys:
             doc = self._docs.get(key)

@@ -139,11 +139,13 @@ class Runtime:
         self.store = open_store(store)
         # a memory store made here from "memory" has no writer but this runtime: nothing
         # to follow (and its own commits would only wake the follower for nothing)
-        self.follow = follow and not (isinstance(store, str) and store == "memory")
+        private = isinstance(store, str) and store == "memory"
+        self.follow = follow and not private
         self.clock = clock
         self.model = model  # the default model of builtins (a name or a runtime.llm Model)
         self.lease = ProcessLease(self.store, DEFAULT_TTL if lease_ttl is None else lease_ttl)
         self.docs = Documents(self.store)
+        self.docs.sole_writer = private
         self._changed: anyio.Event | None = None  # made by a waiter, set by the next poke
         self._work: anyio.Event | None = None  # the pump's, while it waits for events
         self.scheduler = Scheduler(self.docs, wake=self._poke, max_chain=max_event_chain)

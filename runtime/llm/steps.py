@@ -337,8 +337,13 @@ class _StepLoop:
     async def append(self, message: Message) -> None:
         self.history.append(message)
         self.appended.append(message)
-        with anyio.CancelScope(shield=True):  # a message appended is a message reported
-            await _emit(self.sink.on_message, message)
+        callback = self.sink.on_message
+        if callback is None:
+            return
+        result = callback(message)  # a synchronous callback cannot be cancelled midway
+        if inspect.isawaitable(result):
+            with anyio.CancelScope(shield=True):  # a message appended is a message reported
+                await result
 
     async def run_tools(self, calls: list[ToolUse], tools: Sequence[Tool]) -> None:
         advertised: dict[str, Tool] = {}

@@ -21,6 +21,11 @@ def _call(cid: str, value: object) -> dict:
             "blocks": [{"kind": "tool_use", "id": cid, "name": "add", "input": {"n": value}}]}
 
 
+@pytest.fixture(autouse=True)
+def _keep_any(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dialog_input, "KEEP_FROM", 1)
+
+
 @pytest.fixture
 def validated(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     seen: list[dict] = []
@@ -67,3 +72,17 @@ def test_garbage_is_still_refused() -> None:
     with pytest.raises(PatternError, match="not a list"):
         cache.load({"role": "user"})
     assert [m.text_content() for m in cache.load([_msg("user", "hi")])] == ["hi"]
+
+
+def test_a_short_history_is_not_kept(monkeypatch: pytest.MonkeyPatch,
+                                     validated: list[dict]) -> None:
+    monkeypatch.setattr(dialog_input, "KEEP_FROM", 3)
+    cache = TypedHistory()
+    raw = [_msg("user", "hi"), _msg("assistant", "hello")]
+    cache.load(copy.deepcopy(raw))
+    cache.load(copy.deepcopy(raw))
+    assert len(validated) == 4  # two messages, read twice: nothing kept
+    raw.append(_msg("user", "third"))
+    cache.load(copy.deepcopy(raw))
+    cache.load(copy.deepcopy(raw))
+    assert len(validated) == 7  # three read, then kept
