@@ -635,7 +635,10 @@ class Transaction:
     def _apply(self) -> list[Change]:
         docs = self.docs
         docs.check_open("committing")
-        written = [(k, p) for k, p in self.pending.items() if p.ops]
+        written = []
+        for k, p in self.pending.items():
+            if p.ops and not _cancelled_out(docs.doc(k), p):
+                written.append((k, p))
         for key, pending in self.pending.items():
             if not pending.ops and docs.doc(key).version != pending.base:
                 raise ConflictError(
@@ -704,6 +707,19 @@ class Transaction:
         if not docs.applying:
             docs.notify()
         return records
+
+
+def _cancelled_out(doc: Doc, pending: _Pending) -> bool:
+    """Do ``pending``'s writes leave the document as it was? Known cheaply when the last
+    one replaces the whole value with what is committed (a cell set, then cleared, in one
+    transaction). Then nothing is written: the document stays a read of its version."""
+    path, value = pending.ops[-1]
+    if path or doc.version != pending.base or not same(value, doc.node.peek()):
+        return False
+    pending.ops.clear()
+    pending.befores.clear()
+    pending.root, pending.owned = MISSING, {}
+    return True
 
 
 def _index(parent: Any, token: str | int) -> str | int | None:
