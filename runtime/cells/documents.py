@@ -647,6 +647,9 @@ class Transaction:
                     "committed. Another writer (a task or process) committed to it: run the "
                     "change again on the new state"
                 )
+        if not written:  # every write was set back: nothing to store
+            self.pending = {}
+            return []
         # 1. everything that can fail, before the store: schemas, records (copies)
         for key, pending in written:
             doc = docs.doc(key)

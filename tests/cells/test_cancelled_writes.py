@@ -73,3 +73,18 @@ def test_a_set_back_document_still_conflicts_with_another_writer() -> None:
             assert out.get() == {"theirs": True}
 
     anyio.run(main)
+
+
+def test_a_transaction_whose_writes_all_cancel_out_touches_no_store() -> None:
+    store = CountingStore()
+
+    async def main() -> None:
+        async with Runtime(store=store) as rt:
+            out = rt.run(scratch).result.key("out").resolve()
+            store.written.clear()
+            with rt.transaction():
+                out.key("c1").set("answer")
+                out.set({})
+            assert store.written == [] and out.get() == {}
+
+    anyio.run(main)
