@@ -78,10 +78,10 @@ class TurnState:
         recorded under this process's current lease holder, and that lease is known to be
         held (a paused process whose lease expired is fenced: its late writes land nowhere).
         Reads only: no heartbeat, no write per step."""
-        turn = self.turn.get()
+        turn = self.turn.raw(copy=False)  # read only: no copy
         return (isinstance(turn, dict) and turn.get("id") == turn_id
-                and bool(self.pending.get()) and turn.get("holder") == rt.lease.holder
-                and rt.lease.valid())
+                and self.pending.raw(copy=False) is True
+                and turn.get("holder") == rt.lease.holder and rt.lease.valid())
 
     def refresh(self, rt: Runtime, *, pending: bool = False) -> None:
         """Read the turn (and ``pending``) again from the store: what another process wrote

@@ -149,12 +149,14 @@ class Cell:
             raise PathError(self._missing_message())
         return self._docs.materialize(value, key)
 
-    def raw(self) -> Any:
-        """The value with nested links left as links (what the document holds)."""
+    def raw(self, *, copy: bool = True) -> Any:
+        """The value with nested links left as links (what the document holds). With
+        ``copy=False`` it is the runtime's own value, not a copy: for code that only reads,
+        on a hot path (a builtin's bookkeeping, every step). Never change it."""
         _, _, value = self._docs.resolve(self._key, self.path)
         if value is MISSING:
             raise PathError(self._missing_message())
-        return copy_json(value)
+        return copy_json(value) if copy else value
 
     def resolve(self) -> Cell:
         """The cell that really holds the value, after following links."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -77,13 +78,26 @@ def current_transaction() -> Transaction | None:
     return None
 
 
+if sys.version_info < (3, 12):  # asyncio.current_task() is Python code there: read
+    # what it reads, the running loop (a C call) and that loop's task, directly
+    from asyncio.events import _get_running_loop
+    from asyncio.tasks import _current_tasks
+
+    def _current_task() -> Any:
+        loop = _get_running_loop()
+        return _current_tasks.get(loop) if loop is not None else None
+else:
+    def _current_task() -> Any:
+        try:
+            return asyncio.current_task()  # C from 3.12 on
+        except RuntimeError:  # no asyncio loop running here
+            return None
+
+
 def _task_id() -> int | None:
-    """The running task's identity: asyncio's own (a cheap C call) where it runs, anyio's
-    for other backends, None in plain synchronous code."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no asyncio loop running here
-        task = None
+    """The running task's identity: asyncio's own where it runs (every cell read and
+    write asks), anyio's for other backends, None in plain synchronous code."""
+    task = _current_task()
     if task is not None:
         return id(task)
     try:
