@@ -380,6 +380,7 @@ class Documents:
                 doc = self.doc(key)
                 if not doc.derived:
                     tx.pending[key] = _Pending(doc.version)
+                    tx.created.append(key)
                 return doc.node.get()
             if pending.ops:
                 return tx.view(key, pending)
@@ -507,6 +508,10 @@ class Transaction:
         self.task = None if synchronous else _task_id()
         self.state = TxState.OPEN
         self.pending: dict[DocKey, _Pending] = {}
+        # in order: the documents written (one entry per write) and those first read or
+        # written (a savepoint is three lengths; rolling back undoes what came after)
+        self.journal: list[DocKey] = []
+        self.created: list[DocKey] = []
         self.outbox: list[tuple[Stream, Any]] = []
         self.after_commit: list[Callable[[], None]] = []  # e.g. async work a handler started
 
@@ -531,22 +536,26 @@ class Transaction:
     def unbind(token: Any) -> None:
         _tx.reset(token)
 
-    def savepoint(self) -> tuple[Any, ...]:
-        """Where the transaction is now, for ``rollback_to`` (a nested block that raises)."""
-        return ({k: len(p.ops) for k, p in self.pending.items()}, len(self.outbox),
-                len(self.after_commit))
+    def savepoint(self) -> tuple[int, int, int, int]:
+        """Where the transaction is now, for ``rollback_to`` (a nested block that raises).
+        Four lengths: taken before every nested write, so it costs nothing to take."""
+        return len(self.journal), len(self.created), len(self.outbox), len(self.after_commit)
 
-    def rollback_to(self, point: tuple[Any, ...]) -> None:
-        """Undo every write, send and hook recorded since ``point``."""
-        lengths, n_out, n_hooks = point
-        for key in list(self.pending):
-            pending = self.pending[key]
-            n = lengths.get(key)
-            if n is None:
-                del self.pending[key]
-            elif n < len(pending.ops):
-                del pending.ops[n:]
-                del pending.befores[n:]
+    def rollback_to(self, point: tuple[int, int, int, int]) -> None:
+        """Undo every write, first read, send and hook recorded since ``point``."""
+        n_ops, n_created, n_out, n_hooks = point
+        for key in self.created[n_created:]:  # first seen since: forgotten altogether
+            self.pending.pop(key, None)
+        del self.created[n_created:]
+        undone: dict[DocKey, int] = {}
+        for key in self.journal[n_ops:]:
+            undone[key] = undone.get(key, 0) + 1
+        del self.journal[n_ops:]
+        for key, n in undone.items():
+            pending = self.pending.get(key)
+            if pending is not None:
+                del pending.ops[-n:]
+                del pending.befores[-n:]
                 pending.root, pending.owned = MISSING, {}  # rebuilt from the ops when read
         del self.outbox[n_out:]
         del self.after_commit[n_hooks:]
@@ -584,6 +593,7 @@ class Transaction:
         pending = self.pending.get(key)
         if pending is None:
             pending = self.pending[key] = _Pending(doc.version)
+            self.created.append(key)
         root = self.view(key, pending) if pending.ops else doc.node.peek()
         # walk to the parent, turning list steps into ints (a link's path is all strings)
         parent = root
@@ -616,6 +626,7 @@ class Transaction:
             pending.root = _assign_owned(pending.root, path, value, pending.owned)
         pending.ops.append((path, value))
         pending.befores.append(before)
+        self.journal.append(key)
 
     def post(self, key: DocKey, prefix: Path) -> Any:
         """The value at ``prefix`` in ``key`` as this transaction would commit it."""
