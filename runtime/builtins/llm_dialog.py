@@ -436,6 +436,7 @@ class _DialogNode:
             history = self.typed.load(self.messages.get())
             stable = len(history)
             tools = tuple(s.tool for s in self.catalog.values())
+            cache = CacheHint(prefix=True, stable_messages=stable, key=self.node.cause)
 
             def build(history_now: Any, step: int) -> Request:
                 if step > 1 and not self._still_owned(rt, run):
@@ -443,7 +444,7 @@ class _DialogNode:
                 return Request(
                     system=self._system_prompt(run), messages=tuple(history_now), tools=tools,
                     max_tokens=self.max_tokens, tool_choice=self.tool_choice,
-                    cache=CacheHint(prefix=True, stable_messages=stable, key=self.node.cause),
+                    cache=cache,
                 )
 
             sink = StepSink(
