@@ -30,8 +30,8 @@ from typing import Any
 import anyio
 
 from .._text import scrub_text
-from ..cells import BuiltinNode, Cell, Runtime, Stream, Transaction, current_runtime
-from ..errors import ConflictError, PatternError
+from ..cells import BuiltinNode, Cell, Runtime, Stream, Transaction, current_runtime, validate
+from ..errors import ConflictError, PatternError, SchemaError
 from ..llm import (
     TOOL_CANCELLED,
     CacheHint,
@@ -46,6 +46,7 @@ from ..llm import (
     Stop,
     StopReason,
     StreamEvent,
+    Tool,
     ToolChoice,
     ToolError,
     ToolResult,
@@ -457,7 +458,7 @@ class _DialogNode:
             async with run.text.trailing(rt, turn_id):
                 outcome = await run_steps(model, build, execute=self._execute(rt, run),
                                           history=history, sink=sink,
-                                          max_steps=self.max_steps)
+                                          max_steps=self.max_steps, arguments_ok=_fits)
             self._finish(rt, run, outcome)
         except _TurnLost:
             log.info("%s: turn %s was cancelled or taken over elsewhere; it stops",
@@ -755,3 +756,15 @@ def model_for(label: str, kind: str, chosen: str | Model | None, rt: Runtime) ->
             f"{label} has no model: pass {kind}(..., model='claude-sonnet-4-5') (a name or a "
             "Model), or Runtime(model=...) for every builtin")
     return resolve_model(chosen) if isinstance(chosen, str) else chosen
+
+
+def _fits(tool: Tool, arguments: dict[str, Any]) -> bool:
+    """The step engine's quick check of a call's arguments: the cell layer's compiled,
+    strict check of the advertised schema (the one the event schema is checked with when
+    the handler gets it). It accepts only what the engine's own check would; whatever it
+    refuses the engine checks again, for its verdict and its words to the model."""
+    try:
+        validate(arguments, tool.input_schema, "arguments")
+    except (SchemaError, RecursionError):  # refused, or too deep to say: the engine says
+        return False
+    return True

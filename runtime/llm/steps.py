@@ -198,6 +198,7 @@ async def run_steps(
     sink: StepSink | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     tool_choice_scope: ToolChoiceScope | str = ToolChoiceScope.PROMPT,
+    arguments_ok: Callable[[Tool, dict[str, Any]], bool] | None = None,
 ) -> StepsOutcome:
     """Run model calls and their tool calls until the model answers without calling a tool.
 
@@ -217,6 +218,12 @@ async def run_steps(
     with a request that answers a prompt; one whose last message carries tool results goes
     out with ``"auto"`` (``PROMPT``, the default: in a run from a prompt, every step after
     the first). ``EVERY_STEP`` sends every request as built.
+
+    ``arguments_ok(tool, arguments)``: a caller's own quick check of a call's arguments, for
+    a caller that checks them again anyway (the dialog checks a handler's event against its
+    schema): True means they fit the tool's schema, so the engine's check is skipped; False
+    means "not known", and the engine checks (its verdict and its words for the model). It
+    must never say True of arguments the schema refuses.
 
     Cancellation (the caller's cancel scope, or any exception that interrupts the tools):
 
@@ -242,7 +249,7 @@ async def run_steps(
                          f", got {tool_choice_scope!r}") from None
     past = list(history)
     run = _StepLoop(model, build_request, execute, past, sink or StepSink(), CallIds.of(past),
-                    relax_choice=scope is ToolChoiceScope.PROMPT)
+                    relax_choice=scope is ToolChoiceScope.PROMPT, arguments_ok=arguments_ok)
     outcome = await run.loop(max_steps)
     await _emit(run.sink.on_end, outcome)
     return outcome
@@ -257,6 +264,7 @@ class _StepLoop:
     sink: StepSink
     ids: CallIds  # every call id of the history: a reply's calls get ids none of these
     relax_choice: bool = True  # a forcing tool_choice goes with a prompt only (module doc)
+    arguments_ok: Callable[[Tool, dict[str, Any]], bool] | None = None  # run_steps' doc
     appended: list[Message] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     steps: int = 0
@@ -365,7 +373,9 @@ class _StepLoop:
         tool = advertised.get(call.name)
         if tool is None:
             return _error(call, _unknown_tool(call.name, advertised))
-        problem = check_arguments(tool, call.input)
+        ok = self.arguments_ok
+        problem = None if ok is not None and ok(tool, call.input) else check_arguments(
+            tool, call.input)
         if problem is not None:
             return _error(call, problem)
         try:

@@ -763,3 +763,44 @@ def test_the_step_engine_imports_nothing_of_cells_or_storage() -> None:
     forbidden = ("runtime.cells", "runtime.storage", "runtime.builtins", "..cells",
                  "..storage", "..builtins")
     assert not [m for m in imported if m.startswith(forbidden)], imported
+
+
+# -- a caller's quick check of the arguments ------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_caller_check_that_says_yes_skips_the_engines() -> None:
+    """``arguments_ok`` True: the engine trusts it (the arguments lack the required "city",
+    so the engine alone would refuse them); False: the engine checks as it always does."""
+    said: list[dict] = []
+
+    def yes(tool, args):
+        said.append(args)
+        return True
+
+    tools = Tools()
+    model = ScriptedModel([Reply(tool_calls=[call("get_weather", {})]), "ok"])
+    await steps(model, tools=tools, arguments_ok=yes)
+    assert said == [{}] and [u.input for u in tools.started] == [{}]
+
+    tools, recorder = Tools(), Recorder()
+    model = ScriptedModel([Reply(tool_calls=[call("get_weather", {})]), "ok"])
+    await steps(model, tools=tools, recorder=recorder, arguments_ok=lambda tool, args: False)
+    assert tools.started == []  # the engine refused the call
+    result = results_of(recorder.messages[1])[0]
+    assert result.is_error and "city" in result.content
+
+
+def test_the_dialogs_quick_check_is_strict_and_only_says_yes_to_valid_arguments() -> None:
+    from runtime.builtins.llm_dialog import _fits
+    from runtime.llm import Tool
+
+    tool = Tool(name="n", input_schema={"type": "object", "required": ["n"],
+                                        "properties": {"n": {"type": "integer"}}})
+    assert _fits(tool, {"n": 3})
+    assert not _fits(tool, {"n": "3"}) and not _fits(tool, {})
+    assert not _fits(tool, {"n": 3.0})  # the engine's own check decides (JSON Schema: valid)
+    deep: dict = {"n": 1}
+    for _ in range(5000):
+        deep = {"n": 1, "x": deep}
+    assert _fits(tool, deep) in (True, False)  # too deep to say is not an error
