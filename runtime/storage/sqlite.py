@@ -11,45 +11,61 @@ the file, with the ``sqlite3`` error as ``__cause__``. The file's directory must
 
 Tables: ``docs`` holds each document's base value (JSON text) and the base's version;
 ``patches`` is an append-only log of the patches (``Write.patch``) committed since that
-base, one row per version; ``heads`` has the current version and the log's size of each
-document whose log is not empty. ``load()`` is the base with the log replayed in version
-order. A patch is appended, not merged, so pushing one item to a 100,000-item list writes
-that item (and two small rows), never the list; when the log grows larger than the base it
-is compacted (the base rewritten at the current version, the log deleted), which keeps
-writes amortised O(size of the change) and a load at most twice the document's size. To
-check a patch's paths without reading the document back, the store keeps the current value
-of documents it patched (by version; one another writer changed is read again).
+base, one row per version; ``heads`` has the current version and the sizes of the log and
+the base of each document whose log is not empty. ``load()`` is the base with the log
+replayed in version order, read by one statement. A patch is appended, not merged, so
+pushing one item to a 100,000-item list writes that item (and a small row), never the list.
+A patch that assigns the whole value (the empty path), or that would make the log larger
+than the base, is written as the whole value instead: the base is rewritten at the new
+version and the log deleted. Writes stay amortised O(size of the change), a load at most
+twice the document's size.
+
+A commit: values are serialised, and patches checked against the value they apply to,
+before any statement is sent; that value comes from what the store keeps of documents it
+wrote (``CACHED_DOCS`` of them, each as of a version: a committed version never changes) or
+is read. Each write is conditional on the version it expects, checked by the write itself
+(``UPDATE docs ... WHERE version = ? AND NOT EXISTS`` a log, ``UPDATE heads ... WHERE
+version = ?``, ``INSERT ... ON CONFLICT DO NOTHING`` to create if absent); one that matches
+no row is a ``ConflictError`` naming the document. While no other store watches the file,
+the commit's first statement also requires that none does (the quiet path), so a commit
+needs no ``PRAGMA`` and no feed rows: a whole value of one document without a log is one
+statement, its own transaction; a patch is ``BEGIN IMMEDIATE``, the head moved, the patch
+appended, ``COMMIT``. A statement that matches no row there (a conflict, a watcher that
+has just arrived, a log this store did not know of) leaves nothing written, and the commit is
+made the locked way: ``BEGIN IMMEDIATE``, whether anyone watches (read again only when
+another connection has committed since: ``PRAGMA data_version``), the writes (trying the
+other form, with or without a log), the feed's rows, ``COMMIT``.
 
 ``leases`` has one row per lease (the contract: ``runtime.storage.base``): its holder and
 its expiry in seconds of ``time.time()``, the host's clock, which every process sharing the
 file reads (a SQLite file is shared by the processes of one host, never across hosts). A
 renewal is one statement, an upsert whose update applies only while the row has not
 expired; its row count says which happened. Rows that expired an hour ago are deleted by
-the next release. A renewal by another process counts as a commit to the file for the
-check that lets a commit skip reading heads (``PRAGMA data_version``): with leases renewed
-every few seconds, a commit then reads its documents' heads once per renewal, not per commit.
+the next release.
 
 The change feed (``runtime.storage.feed``): while another store watches the file (a row
 in ``watchers``, renewed every ``WATCH_TTL``/3 seconds while its feed is open), every
 commit also appends its keys and new versions to ``changes``, marked with the store's
 origin (one statement; the oldest rows beyond the newest ``CHANGES_KEPT`` are deleted every
-``PRUNE_EVERY`` rows). Whether anyone watches is read when another connection has
-committed since (``PRAGMA data_version``, which a watcher's arrival moves), so a process
-alone on its file writes nothing for a feed. A watcher whose row expired (a long pause)
-rechecks everything it holds. ``watch()``
-polls ``PRAGMA data_version`` on a connection of its own every ``feed_interval`` seconds
-(default 0.05: a read of shared memory, no I/O) and reads the rows after the last one it
-saw only when another connection committed, skipping its own store's in SQL; a gap (rows
-deleted before it read them) is a ``RECHECK``. So the processes of one host sharing a
-file see each other's commits within the interval.
+``PRUNE_EVERY`` rows). Whether anyone watches is checked by the quiet path's first
+statement, or read on the locked path when another connection has committed since
+(``PRAGMA data_version``, which a watcher's arrival moves), so a process alone on its file
+writes nothing for a feed. A watcher whose row expired (a long pause) rechecks everything
+it holds. ``watch()`` polls ``PRAGMA data_version`` on a connection of its own every
+``feed_interval`` seconds (default 0.05: a read of shared memory, no I/O) and reads the
+rows after the last one it saw only when another connection committed, skipping its own
+store's in SQL; a gap (rows deleted before it read them) is a ``RECHECK``. So the
+processes of one host sharing a file see each other's commits within the interval.
 
 A file from before the log (only ``docs``), the leases or the feed opens as it is: the
-missing tables are created.
+missing tables are created. The tables and what their rows mean are those the code before
+the quiet path wrote, so processes of both versions can share a file (an upgrade under way).
 """
 
 from __future__ import annotations
 
 import json
+import json.encoder
 import logging
 import math
 import random
@@ -59,7 +75,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import anyio
 
@@ -73,7 +89,7 @@ from .base import (
     check_lease_ttl,
 )
 from .feed import RECHECK, Changes
-from .patch import MISSING, apply_patch, conflict, describe
+from .patch import MISSING, apply_patch, conflict, copy_value, describe
 
 T = TypeVar("T")
 log = logging.getLogger("celldialog.sqlite")
@@ -152,7 +168,54 @@ _RENEW = (
     "INSERT INTO leases (holder, expires) VALUES (?, ?) ON CONFLICT (holder) DO UPDATE "
     "SET expires=excluded.expires WHERE leases.expires > ?"
 )
-_WHERE = "space=? AND scope=? AND id=?"
+_KEY = "space=? AND scope=? AND id=?"
+# A document in one statement (so one snapshot, no transaction needed): the base row with
+# its head (NULLs without a log), then the log's patches in version order (each version is
+# above the base's). The base's text comes once, not once per patch.
+_READ = (
+    "SELECT d.version, d.value, h.version, h.log_size, h.base_size FROM docs d "
+    "LEFT JOIN heads h ON h.space=d.space AND h.scope=d.scope AND h.id=d.id "
+    "WHERE d.space=?1 AND d.scope=?2 AND d.id=?3 "
+    "UNION ALL "
+    "SELECT p.version, p.patch, NULL, NULL, NULL FROM patches p "
+    "JOIN docs d ON d.space=p.space AND d.scope=p.scope AND d.id=p.id "
+    "JOIN heads h ON h.space=p.space AND h.scope=p.scope AND h.id=p.id "
+    "WHERE p.space=?1 AND p.scope=?2 AND p.id=?3 AND p.version>d.version "
+    "AND p.version<=h.version ORDER BY 1"
+)
+# the current version and whether there is a log; no row: no document
+_VERSION = ("SELECT coalesce(h.version, d.version), h.version IS NOT NULL FROM docs d "
+            "LEFT JOIN heads h ON h.space=d.space AND h.scope=d.scope AND h.id=d.id "
+            "WHERE d.space=? AND d.scope=? AND d.id=?")
+_WATCHED = "SELECT EXISTS (SELECT 1 FROM watchers WHERE origin != ? AND expires > ?)"
+# the quiet path's guard (``SQLiteStore._quiet``): no other store watches the file
+_UNWATCHED = " AND NOT EXISTS (SELECT 1 FROM watchers WHERE origin != ? AND expires > ?)"
+
+
+def _both(sql: str) -> tuple[str, str]:
+    """A write's statement without and with the guard."""
+    return sql.format(""), sql.format(_UNWATCHED)
+
+
+# Every write is conditional on the version it expects; matching no row means it is not
+# there (a conflict), the other form applies (a log, or none), or, guarded, someone watches.
+# A document is created if absent:
+_CREATE = _both("INSERT INTO docs (space, scope, id, version, value) SELECT ?, ?, ?, 1, ? "
+                "WHERE 1{} ON CONFLICT DO NOTHING")
+# a whole value as the new base, the document without a log:
+_PUT = _both(f"UPDATE docs SET version=?, value=? WHERE {_KEY} AND version=? AND NOT EXISTS "
+             "(SELECT 1 FROM heads h WHERE h.space=docs.space AND h.scope=docs.scope "
+             "AND h.id=docs.id){}")
+# ... with a log: its head goes (the check), then the log, then the base is rewritten:
+_DROP_HEAD = _both(f"DELETE FROM heads WHERE {_KEY} AND version=?{{}}")
+_DROP_LOG = f"DELETE FROM patches WHERE {_KEY}"
+_REBASE = f"UPDATE docs SET version=?, value=? WHERE {_KEY}"
+# a patch appended to the log, its head moved (or made, for the first since the base):
+_NEXT_HEAD = _both(f"UPDATE heads SET version=?, log_size=? WHERE {_KEY} AND version=?{{}}")
+_FIRST_HEAD = _both("INSERT INTO heads (space, scope, id, version, log_size, base_size) "
+                    f"SELECT space, scope, id, ?, ?, ? FROM docs WHERE {_KEY} AND version=?"
+                    "{} ON CONFLICT DO NOTHING")
+_LOG_ROW = "INSERT INTO patches (space, scope, id, version, patch) VALUES (?,?,?,?,?)"
 _CHANGE = "INSERT INTO changes (origin, space, scope, id, version) VALUES (?,?,?,?,?)"
 _CHANGE_ROWS: dict[int, str] = {}  # the statement for n changes (n <= 1000), made once
 
@@ -174,10 +237,34 @@ def _changes(n: int) -> str:
 _BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (low byte of the extended code)
 
 
+
+
+def _encoder() -> Callable[[Any], str]:
+    """Compact JSON, the encoder made once: ``json.dumps`` (and ``JSONEncoder.encode``)
+    build a new one per call, which costs more than encoding a small patch. Without the C
+    accelerator, ``JSONEncoder.encode``. Same text either way (NaN and infinities as
+    ``json.dumps`` writes them); no circular-reference check (a cycle hits the recursion
+    limit instead, and is refused all the same)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return json.JSONEncoder(separators=(",", ":")).encode
+
+    def default(value: Any) -> Any:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+    chunks = make(None, default, json.encoder.encode_basestring_ascii, None, ":", ",",
+                  False, False, True)
+    return lambda value: "".join(chunks(value, 0))
+
+
+_ENCODE = _encoder()
+_UNKNOWN: Any = object()  # a cached document's value the store does not keep
+
+
 def _dumps(key: DocKey, value: Any) -> str:
     try:
-        return json.dumps(value, separators=(",", ":"))
-    except (TypeError, ValueError) as e:
+        return _ENCODE(value)
+    except (TypeError, ValueError, RecursionError) as e:
         raise StorageError(f"cannot store {describe(key)}: the value is not JSON ({e})") from e
 
 
@@ -205,7 +292,9 @@ class SQLiteStore:
         self.feed_interval = poll_interval(feed_interval, "SQLiteStore(feed_interval=...)")
         # this store's mark on its rows of the feed: its own watch() skips them in SQL
         self._origin = random.getrandbits(62)
-        self._watched = True  # until a commit has looked: does another store watch?
+        # does another store watch the file? A hint for choosing the quiet path, whose
+        # guard checks for itself; read under the lock by the locked path
+        self._watched = False
         self._watches = 0  # this store's open feeds (two runtimes may share the store)
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or not (
             0 <= busy_timeout < float("inf")
@@ -215,12 +304,10 @@ class SQLiteStore:
                 f"got {busy_timeout!r}"
             )
         self.busy_timeout = float(busy_timeout)
-        self._cache: OrderedDict[DocKey, tuple[int, Any]] = OrderedDict()
-        # what the heads table says of documents this connection wrote: (version, log
-        # size, base size, has a heads row), valid while no other connection has committed
-        # (PRAGMA data_version unchanged), so a commit needs no read per document
-        self._heads: dict[DocKey, tuple[int, int, int | None, bool]] = {}
-        self._data_version: int | None = None
+        # documents this store wrote or read to patch, as of a version (their values, to
+        # check patches against, and sizes, to choose between a log entry and a new base)
+        self._cache: OrderedDict[DocKey, _Known] = OrderedDict()
+        self._data_version: int | None = None  # PRAGMA data_version when _watched was read
         self._db: sqlite3.Connection | None = None
         if self.path != ":memory:":
             parent = Path(self.path).parent
@@ -255,7 +342,7 @@ class SQLiteStore:
         if not writes:
             self._open_db("commit()")
             return {}
-        return self._run("commit()", lambda: self._commit(writes))
+        return self._run("commit()", self._commit, writes)
 
     def keys(self, space: str) -> Iterable[DocKey]:
         def read() -> list[DocKey]:
@@ -304,11 +391,9 @@ class SQLiteStore:
             db.execute("BEGIN")
             try:
                 for key in keys:
-                    head = db.execute(f"SELECT version FROM heads WHERE {_WHERE}", key
-                                      ).fetchone() or db.execute(
-                        f"SELECT version FROM docs WHERE {_WHERE}", key).fetchone()
-                    if head is not None:
-                        out[key] = head[0]
+                    version = self._head(db, key)[0]
+                    if version:
+                        out[key] = version
             finally:
                 _rollback(db)
             return out
@@ -325,7 +410,7 @@ class SQLiteStore:
                 for key in keys:
                     found = self._read(db, key)
                     if found is not None:
-                        out[key] = Stored(*found)
+                        out[key] = Stored(found.value, found.version)
             finally:
                 _rollback(db)
             return out
@@ -347,7 +432,6 @@ class SQLiteStore:
     def close(self) -> None:
         db, self._db = self._db, None
         self._cache.clear()
-        self._heads.clear()
         if db is not None:
             try:
                 db.close()
@@ -367,8 +451,8 @@ class SQLiteStore:
             )
         return self._db
 
-    def _run(self, what: str, op: Callable[[], T]) -> T:
-        """``op()``, retried while the database is locked, up to ``busy_timeout`` in all;
+    def _run(self, what: str, op: Callable[..., T], *args: Any) -> T:
+        """``op(*args)``, retried while the database is locked, up to ``busy_timeout`` in all;
         sqlite3 errors come out as ``StorageError``."""
         db = self._open_db(what)
         deadline = time.monotonic() + self.busy_timeout
@@ -376,7 +460,7 @@ class SQLiteStore:
         try:
             while True:
                 try:
-                    return op()
+                    return op(*args)
                 except sqlite3.Error as e:
                     _rollback(db)
                     left = deadline - time.monotonic()
@@ -430,33 +514,22 @@ class SQLiteStore:
     # -- reading -----------------------------------------------------------------------
 
     def _load(self, key: DocKey) -> Stored | None:
-        db = self._open_db("load()")
-        db.execute("BEGIN")  # one snapshot for the base and its log
-        try:
-            found = self._read(db, key)
-        except BaseException:
-            _rollback(db)
-            raise
-        db.execute("COMMIT")
-        return Stored(*found) if found else None
+        found = self._read(self._open_db("load()"), key)
+        return Stored(found.value, found.version) if found else None
 
-    def _read(self, db: sqlite3.Connection, key: DocKey) -> tuple[Any, int] | None:
-        """The current value and version, from the base and the log (in a transaction)."""
-        row = db.execute(f"SELECT version, value FROM docs WHERE {_WHERE}", key).fetchone()
-        if row is None:
+    def _read(self, db: sqlite3.Connection, key: DocKey) -> _Known | None:
+        """The current value, version and sizes: the base with the log replayed, read by
+        one statement."""
+        rows = db.execute(_READ, key).fetchall()
+        if not rows:
             return None
-        base_version, text = row
+        base_version, text, version, log_size, base_size = rows[0]
         value = self._decode(key, text)
-        head = db.execute(f"SELECT version FROM heads WHERE {_WHERE}", key).fetchone()
-        if head is None:
-            return value, base_version
-        for (patch,) in db.execute(
-            f"SELECT patch FROM patches WHERE {_WHERE} AND version>? AND version<=? "
-            f"ORDER BY version",
-            (*key, base_version, head[0]),
-        ):
-            value = apply_patch(key, value, self._decode(key, patch), copy_values=False)
-        return value, head[0]
+        if version is None:
+            return _Known(base_version, value, 0, len(text), False)
+        for row in rows[1:]:
+            value = apply_patch(key, value, self._decode(key, row[1]), copy_values=False)
+        return _Known(version, value, log_size, base_size, True)
 
     def _decode(self, key: DocKey, text: str) -> Any:
         try:
@@ -466,139 +539,292 @@ class SQLiteStore:
                 f"SQLite store {self.path!r}: {describe(key)} holds text that is not JSON: {e}"
             ) from e
 
+    @staticmethod
+    def _head(db: sqlite3.Connection, key: DocKey) -> tuple[int, bool]:
+        """The current version (0: no document) and whether it has a log."""
+        row = db.execute(_VERSION, key).fetchone()
+        return (row[0], bool(row[1])) if row else (0, False)
+
     # -- writing -----------------------------------------------------------------------
 
     def _commit(self, writes: Sequence[Write]) -> dict[DocKey, int]:
+        """Plan the writes (see ``_plan``), then send them: on the quiet path while no other
+        store watches, else in one ``BEGIN IMMEDIATE`` transaction with the feed's rows."""
         db = self._open_db("commit()")
-        cache = self._cache
-        heads = self._heads
+        plan, unconditional = self._plan(db, writes)
+        if (self._watched or unconditional or self._watches > 1
+                or not self._quiet(db, plan)):
+            self._locked(db, plan)
         out: dict[DocKey, int] = {}
-        touched: list[DocKey] = []
-        patch_rows: list[tuple[Any, ...]] = []
-        head_rows: list[tuple[Any, ...]] = []
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            # under the write lock: has another connection committed since we last did?
-            seen = db.execute("PRAGMA data_version").fetchone()[0]
-            if seen != self._data_version:
-                heads.clear()
-                self._data_version = seen
-                # does another store watch the file? (a watcher's arrival is a commit, so
-                # the answer holds while no other connection commits)
-                self._watched = db.execute(
-                    "SELECT EXISTS (SELECT 1 FROM watchers WHERE origin != ? AND expires > ?)",
-                    (self._origin, time.time())).fetchone()[0]
-            for w in writes:
-                key = w.key
-                known = heads.pop(key, None)
-                if known is not None:
-                    have, log_size, base_size, has_row = known
-                else:  # O(1) while the document has a log; else one read of the docs row
-                    head = db.execute(
-                        f"SELECT version, log_size, base_size FROM heads WHERE {_WHERE}", key
-                    ).fetchone()
-                    if head is not None:
-                        (have, log_size, base_size), has_row = head, True
-                    else:
-                        row = db.execute(
-                            f"SELECT version FROM docs WHERE {_WHERE}", key).fetchone()
-                        have, log_size, base_size = (row[0] if row else 0), 0, None
-                        has_row = False
-                if w.expect is not None and w.expect != have:
-                    raise conflict(key, have, w.expect)
-                new = have + 1
-                if w.patch is None:
-                    cache.pop(key, None)
-                    text = _dumps(key, w.value)
-                    self._put_base(db, key, text, new, has_row)
-                    heads[key] = (new, 0, len(text), False)
-                    out[key] = new
-                    continue
-                touched.append(key)
-                value = apply_patch(key, self._current(db, key, have), w.patch)
-                patch_text = _dumps(key, [[list(p), v] for p, v in w.patch])
-                if base_size is None:  # the first patch since the base was written
-                    row = db.execute(
-                        f"SELECT length(value) FROM docs WHERE {_WHERE}", key
-                    ).fetchone()
-                    base_size = row[0] if row else 0
-                log_size += len(patch_text)
-                if log_size > base_size:  # compact: the log outgrew the base
-                    text = _dumps(key, value)
-                    self._put_base(db, key, text, new, has_row)
-                    heads[key] = (new, 0, len(text), False)
-                else:
-                    patch_rows.append((*key, new, patch_text))
-                    head_rows.append((*key, new, log_size, base_size))
-                    heads[key] = (new, log_size, base_size, True)
-                cache[key] = (new, value)
-                cache.move_to_end(key)
-                out[key] = new
-            # the feed's rows; every PRUNE_EVERY rows written (by any process) the oldest
-            # beyond CHANGES_KEPT go, so the table stays bounded however processes come and go
-            if not self._watched and self._watches < 2:
-                pass  # nobody else follows the file: no rows (no page written) for a feed
-            elif len(out) == 1:  # the usual commit: one statement SQLite has compiled
-                for key, version in out.items():
-                    last = db.execute(_CHANGE, (self._origin, *key, version)).lastrowid
-                if last % PRUNE_EVERY == 0:
-                    db.execute("DELETE FROM changes WHERE seq <= ?", (last - CHANGES_KEPT,))
-            else:
-                items = list(out.items())
-                for i in range(0, len(items), 1000):  # SQLite's limit on ? per statement
-                    chunk = items[i:i + 1000]
-                    last = db.execute(_changes(len(chunk)), [
-                        x for k, v in chunk for x in (self._origin, *k, v)]).lastrowid
-                    if last // PRUNE_EVERY != (last - len(chunk)) // PRUNE_EVERY:
-                        db.execute("DELETE FROM changes WHERE seq <= ?",
-                                   (last - CHANGES_KEPT,))
-            if patch_rows:  # one statement each for all the commit's documents
-                db.executemany(
-                    "INSERT INTO patches (space, scope, id, version, patch) VALUES (?,?,?,?,?)",
-                    patch_rows)
-                db.executemany(
-                    "INSERT INTO heads (space, scope, id, version, log_size, base_size) "
-                    "VALUES (?,?,?,?,?,?) ON CONFLICT (space, scope, id) DO UPDATE SET "
-                    "version=excluded.version, log_size=excluded.log_size", head_rows)
-            db.execute("COMMIT")
-        except BaseException:
-            for key in touched:  # patched in place: no longer what the file holds
-                cache.pop(key, None)
-            heads.clear()  # nothing of this commit happened
-            _rollback(db)
-            raise
+        cache = self._cache
+        for step in plan:  # in order: a key's last step is what the file holds now
+            key, after = step.key, step.after
+            out[key] = step.new
+            cache[key] = after if after.version == step.new else after._replace(
+                version=step.new)
+            cache.move_to_end(key)
         while len(cache) > CACHED_DOCS:
             cache.popitem(last=False)
         return out
 
-    @staticmethod
-    def _put_base(db: sqlite3.Connection, key: DocKey, text: str, version: int,
-                  had_log: bool) -> None:
-        db.execute(
-            "INSERT INTO docs (space, scope, id, version, value) VALUES (?,?,?,?,?) "
-            "ON CONFLICT (space, scope, id) DO UPDATE SET "
-            "value=excluded.value, version=excluded.version",
-            (*key, version, text),
-        )
-        if had_log:
-            db.execute(f"DELETE FROM heads WHERE {_WHERE}", key)
-            db.execute(f"DELETE FROM patches WHERE {_WHERE}", key)
+    def _plan(self, db: sqlite3.Connection, writes: Sequence[Write]
+              ) -> tuple[list[_Step], bool]:
+        """Each write as a step, serialised and checked before any statement is sent, and
+        whether one is unconditional (``expect`` None). A patch is checked against the
+        value it applies to, taken out of the cache (a committed version never changes,
+        and the write checks the version) or read; one that assigns the whole value (the
+        empty path), or would make the log outgrow its base, is written as the whole
+        value, a new base; any other is appended to the log. Cache entries taken stay out
+        if the commit fails (they may be half-patched)."""
+        cache = self._cache
+        several = len(writes) > 1
+        state: dict[DocKey, _Known] = {}  # this commit's view of each key it writes
+        patched_at = {w.key: i for i, w in enumerate(writes)
+                      if w.patch is not None} if several else {}
+        plan: list[_Step] = []
+        unconditional = False
+        for i, w in enumerate(writes):
+            key, expect, patch = w.key, w.expect, w.patch
+            known = state.pop(key, None) if several else None
+            if known is None:
+                known = cache.pop(key, None)
+            # ``-1``: the version of an unconditional write earlier in this commit
+            if known is not None and known.version != expect and known.version != -1:
+                known = None  # another version (a stale entry): no use to this write
+            had_log = known is not None and known.has_log
+            if patch is None:
+                unconditional = unconditional or expect is None
+                text = _dumps(key, w.value)
+                # a patch of this key later in this commit applies to this value: a copy
+                value = copy_value(w.value) if patched_at.get(key, -1) > i else _UNKNOWN
+                step = _Step(key, expect, _BASE, text, value, 0, len(text), had_log)
+            else:
+                if _rooted(patch):  # the whole value first: no need of the current one
+                    value = apply_patch(key, MISSING, patch)
+                    whole = True
+                else:
+                    cached = False
+                    if expect == 0:
+                        base = MISSING  # apply_patch says a new document starts at ()
+                    else:
+                        if known is None or known.value is _UNKNOWN:
+                            known = self._read_known(db, key, expect)  # type: ignore[arg-type]
+                            had_log = known.has_log
+                        else:
+                            cached = True
+                        base = known.value
+                    try:
+                        value = apply_patch(key, base, patch)
+                    except StorageError:
+                        if cached:  # a path the file's newer version may not have: stale?
+                            self._stale(db, key, expect)  # type: ignore[arg-type]
+                        raise
+                    whole = base is MISSING or _rooted_later(patch)
+                if not whole:
+                    assert known is not None
+                    text = self._patch_text(key, patch)
+                    log_size = known.log_size + len(text)
+                    whole = log_size > known.base_size  # the log would outgrow the base
+                if whole:
+                    text = _dumps(key, value)
+                    step = _Step(key, expect, _BASE, text, value, 0, len(text), had_log)
+                else:
+                    assert known is not None
+                    step = _Step(key, expect, _APPEND, text, value, log_size,
+                                 known.base_size, had_log)
+            plan.append(step)
+            if several:
+                state[key] = step.after
+        return plan, unconditional
 
-    def _current(self, db: sqlite3.Connection, key: DocKey, version: int) -> Any:
-        """The value at ``version`` (the file's current one) to patch in place."""
-        if version == 0:
-            return MISSING
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        found = self._read(db, key)  # another writer changed it, or first patch here
-        if found is None or found[1] != version:
-            raise StorageError(
-                f"SQLite store {self.path!r}: {describe(key)} changed while locked "
-                f"(read {found and found[1]}, expected version {version})"
-            )
-        self._cache[key] = found
-        return found[0]
+    def _read_known(self, db: sqlite3.Connection, key: DocKey, expect: int) -> _Known:
+        """The document at ``expect`` (a patch's base), read in one snapshot; another
+        version in the file is a conflict, raised now."""
+        found = self._read(db, key)
+        have = found.version if found else 0
+        if found is None or have != expect:
+            raise conflict(key, have, expect)
+        return found
+
+    def _stale(self, db: sqlite3.Connection, key: DocKey, expect: int) -> None:
+        """A patch that does not apply to the cached value at ``expect``: a conflict if
+        the file has moved on since (raised here), else the caller's bad path."""
+        have = self._head(db, key)[0]
+        if have != expect:
+            raise conflict(key, have, expect)
+
+    @staticmethod
+    def _patch_text(key: DocKey, patch: Any) -> str:
+        """The patch as JSON (tuples are arrays), the way the log keeps it."""
+        try:
+            return _ENCODE(patch)
+        except (TypeError, ValueError, RecursionError):  # another sequence, or not JSON
+            return _dumps(key, [[list(p), v] for p, v in patch])
+
+    def _quiet(self, db: sqlite3.Connection, plan: list[_Step]) -> bool:
+        """The commit, with its first statement guarded by "no other store watches the
+        file" (in the same statement, so no watcher can arrive in between): then it
+        needs no feed rows and no ``PRAGMA data_version``, and a lone write to a document
+        without a log is that one statement, its own transaction. False, with nothing
+        written, when a statement matched no row: a watcher, a conflict or a wrong guess
+        of whether a log exists, which the locked path tells apart."""
+        guard = (self._origin, time.time())
+        first = plan[0]
+        if len(plan) == 1 and first.kind is _BASE and (first.expect == 0 or not first.had_log):
+            return self._send(db, first, guard)  # autocommit: one statement
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for step in plan:
+                if not self._send(db, step, guard):
+                    _rollback(db)
+                    return False
+                guard = ()
+            db.execute("COMMIT")
+        except BaseException:
+            _rollback(db)
+            raise
+        return True
+
+    def _locked(self, db: sqlite3.Connection, plan: list[_Step]) -> None:
+        """The commit in a ``BEGIN IMMEDIATE`` transaction: whether another store watches
+        (read again only when another connection has committed since), the writes (one
+        that matches no row is a conflict, named), and the feed's rows if anyone watches."""
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            # under the write lock: has another connection committed since we last looked?
+            seen = db.execute("PRAGMA data_version").fetchone()[0]
+            if seen != self._data_version:
+                self._data_version = seen
+                # does another store watch the file? (a watcher's arrival is a commit, so
+                # the answer holds while no other connection commits)
+                self._watched = bool(db.execute(_WATCHED, (self._origin, time.time())
+                                                ).fetchone()[0])
+            for step in plan:
+                if step.expect is None:  # unconditional: at whatever version the file has
+                    step.expect, step.had_log = self._head(db, step.key)
+                if not self._send(db, step, ()):
+                    raise self._conflict(db, step)
+            if self._watched or self._watches > 1:
+                self._feed(db, plan)
+            db.execute("COMMIT")
+        except BaseException:
+            _rollback(db)
+            raise
+
+    @staticmethod
+    def _send(db: sqlite3.Connection, step: _Step, guard: tuple[Any, ...]) -> bool:
+        """The step's statements, each conditional on the version it expects; False when
+        the first matched no row (nothing of the step was written). With a ``guard`` the
+        first also requires that no other store watches, and only the guessed form (with
+        or without a log) is tried."""
+        key, expect, q = step.key, step.expect, 1 if guard else 0
+        assert expect is not None
+        new = step.new = expect + 1
+        if step.kind is _APPEND:
+            if step.had_log:
+                done = db.execute(_NEXT_HEAD[q], (new, step.log_size, *key, expect, *guard))
+            else:
+                done = db.execute(_FIRST_HEAD[q], (new, step.log_size, step.base_size,
+                                                   *key, expect, *guard))
+            if done.rowcount != 1:
+                return False
+            db.execute(_LOG_ROW, (*key, new, step.text))
+            return True
+        if expect == 0:
+            return db.execute(_CREATE[q], (*key, step.text, *guard)).rowcount == 1
+        forms = (step.had_log,) if guard else (step.had_log, not step.had_log)
+        for with_log in forms:
+            if not with_log:
+                if db.execute(_PUT[q], (new, step.text, *key, expect, *guard)).rowcount == 1:
+                    return True
+            elif db.execute(_DROP_HEAD[q], (*key, expect, *guard)).rowcount == 1:
+                db.execute(_DROP_LOG, key)
+                db.execute(_REBASE, (new, step.text, *key))
+                return True
+        return False
+
+    def _conflict(self, db: sqlite3.Connection, step: _Step) -> StorageError:
+        """Why a write matched no row: the document is at another version."""
+        have = self._head(db, step.key)[0]
+        assert step.expect is not None
+        if have != step.expect:
+            return conflict(step.key, have, step.expect)
+        return StorageError(  # at the expected version, yet no form of the write matched
+            f"SQLite store {self.path!r}: {describe(step.key)} is at version {have} but its "
+            f"rows disagree (a base and a log that do not match); nothing was committed")
+
+    def _feed(self, db: sqlite3.Connection, plan: list[_Step]) -> None:
+        """The commit's rows in ``changes`` (its keys and new versions); every
+        ``PRUNE_EVERY`` rows written (by any process) the oldest beyond ``CHANGES_KEPT``
+        go, so the table stays bounded however processes come and go."""
+        versions = {step.key: step.new for step in plan}
+        if len(versions) == 1:  # the usual commit: one statement SQLite has compiled
+            ((key, version),) = versions.items()
+            last = db.execute(_CHANGE, (self._origin, *key, version)).lastrowid
+            if last is not None and last % PRUNE_EVERY == 0:
+                db.execute("DELETE FROM changes WHERE seq <= ?", (last - CHANGES_KEPT,))
+            return
+        items = list(versions.items())
+        for i in range(0, len(items), 1000):  # SQLite's limit on ? per statement
+            chunk = items[i:i + 1000]
+            last = db.execute(_changes(len(chunk)), [
+                x for k, v in chunk for x in (self._origin, *k, v)]).lastrowid
+            if last is not None and last // PRUNE_EVERY != (last - len(chunk)) // PRUNE_EVERY:
+                db.execute("DELETE FROM changes WHERE seq <= ?", (last - CHANGES_KEPT,))
+
+
+_BASE = "base"  # a step that writes the whole value as the base
+_APPEND = "append"  # a step that appends a patch to the log
+
+
+class _Known(NamedTuple):
+    """A document as the file holds it at ``version``. A committed version never changes,
+    so this stays true of that version, and every write checks the version in SQL."""
+
+    version: int  # -1: written unconditionally earlier in this commit (not known yet)
+    value: Any  # the store's own copy, or _UNKNOWN (a caller's whole value, not kept)
+    log_size: int
+    base_size: int
+    has_log: bool  # a ``heads`` row (and a log) exists
+
+
+class _Step:
+    """One write as planned: ``text`` is the whole value (``_BASE``) or the patch
+    (``_APPEND``); ``value``, ``log_size`` and ``base_size`` what the document holds after
+    it (``after``); ``had_log`` whether it has a log before it (known, or for a base a guess
+    its statements check); ``new`` its version once sent."""
+
+    __slots__ = ("after", "base_size", "expect", "had_log", "key", "kind", "log_size", "new",
+                 "text", "value")
+
+    def __init__(self, key: DocKey, expect: int | None, kind: str, text: str, value: Any,
+                 log_size: int, base_size: int, had_log: bool) -> None:
+        self.key = key
+        self.expect = expect
+        self.kind = kind
+        self.text = text
+        self.value = value
+        self.log_size = log_size
+        self.base_size = base_size
+        self.had_log = had_log
+        self.new = 0
+        # what the document holds after it (version -1: after an unconditional write)
+        self.after = _Known(-1 if expect is None else expect + 1, value, log_size, base_size,
+                            kind is _APPEND)
+
+
+def _rooted(patch: Any) -> bool:
+    """Whether a patch starts by assigning the whole value (then it needs no current one)."""
+    try:
+        return len(patch[0][0]) == 0
+    except (TypeError, IndexError, KeyError):
+        return False  # apply_patch says what is wrong with it
+
+
+def _rooted_later(patch: Any) -> bool:
+    """Whether a later step of a patch (already applied, so well formed) assigns the whole
+    value."""
+    return len(patch) > 1 and any(not step[0] for step in patch)
 
 
 class _Poller:

@@ -1,0 +1,451 @@
+"""SQLite: what a commit sends, and files written by the previous format.
+
+The statement counts are pinned (SQLite's trace callback sees every statement the store's
+connection runs), so a change that adds a statement to the common commits fails here. Then
+the paths a commit takes when its guesses are wrong (someone watches, another store wrote,
+a log it did not know of), and files written by the code before these commits: a dump of
+one (always), and the previous code itself on the same file as this one (when git can show
+it), since processes of both versions may share a file during an upgrade.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import anyio
+import pytest
+
+from runtime.storage import (
+    RECHECK,
+    ConflictError,
+    DocKey,
+    SQLiteStore,
+    StoreBusyError,
+    Stored,
+    Write,
+)
+
+A = DocKey("s", "", "a")
+B = DocKey("s", "user:u", "b")
+ITEMS = [f"item {i}" for i in range(200)]
+WAIT = 10.0
+
+
+def _sql(store: SQLiteStore, call: Any) -> list[str]:
+    """The statements ``call()`` runs on the store's connection, each as its first words."""
+    seen: list[str] = []
+    db = store._db
+    assert db is not None
+    db.set_trace_callback(seen.append)
+    try:
+        call()
+    finally:
+        db.set_trace_callback(None)
+    return [" ".join(s.split()[:3]) for s in seen]
+
+
+def _commit(store: SQLiteStore, *writes: Write) -> list[str]:
+    return _sql(store, lambda: store.commit(list(writes)))
+
+
+def _whole(key: DocKey, expect: int, value: Any) -> Write:
+    """A whole value as the runtime writes one (``cell.set``): a patch of the empty path."""
+    return Write(key, None, expect, (((), value),))
+
+
+def _push(key: DocKey, expect: int, index: int, value: Any) -> Write:
+    return Write(key, None, expect, ((("items", index), value),))
+
+
+def _rows(path: Path, sql: str) -> list[Any]:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    s = SQLiteStore(tmp_path / "x.db")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+# ----------------------------------------------------------------- statements per commit
+
+ONE_UPDATE = ["UPDATE docs SET"]
+APPEND = ["BEGIN IMMEDIATE", "UPDATE heads SET", "INSERT INTO patches", "COMMIT"]
+FIRST_APPEND = ["BEGIN IMMEDIATE", "INSERT INTO heads", "INSERT INTO patches", "COMMIT"]
+
+
+def test_a_whole_value_of_one_document_is_one_statement(store: SQLiteStore) -> None:
+    """No BEGIN, no PRAGMA, no read: the write is conditional on the version, on there
+    being no log, and on nobody else watching, and is its own transaction."""
+    assert _commit(store, Write(A, 0, 0)) == ["INSERT INTO docs"]  # create if absent
+    assert _commit(store, _whole(A, 1, 1)) == ONE_UPDATE
+    assert _commit(store, Write(A, 2, 2)) == ONE_UPDATE  # a value, not a patch
+    assert store.load(A) == Stored(2, 3)
+
+
+def test_a_patch_of_one_document_is_four_statements(store: SQLiteStore) -> None:
+    """The log's head moved (the version check) and the patch appended, in one
+    transaction; the first patch after a base makes the head instead."""
+    store.commit([_whole(A, 0, {"items": ITEMS})])
+    assert _commit(store, _push(A, 1, 200, "x")) == FIRST_APPEND
+    assert _commit(store, _push(A, 2, 201, "y")) == APPEND
+    assert store.load(A) == Stored({"items": [*ITEMS, "x", "y"]}, 3)
+
+
+def test_a_patch_that_outgrows_the_log_rewrites_the_base(store: SQLiteStore) -> None:
+    store.commit([_whole(A, 0, {"items": ITEMS})])
+    version, sent = 1, []
+    while "DELETE FROM heads" not in sent:
+        sent = _commit(store, _push(A, version, 199 + version, "z" * 40))
+        version += 1
+        assert version < 200, "never compacted"
+    assert sent == ["BEGIN IMMEDIATE", "DELETE FROM heads", "DELETE FROM patches",
+                    "UPDATE docs SET", "COMMIT"]
+
+
+def test_a_load_is_one_statement(store: SQLiteStore) -> None:
+    store.commit([_whole(A, 0, {"items": ITEMS})])
+    store.commit([_push(A, 1, 200, "x")])
+    got: list[Any] = []
+    assert _sql(store, lambda: got.append(store.load(A))) == ["SELECT d.version, d.value,"]
+    assert got == [Stored({"items": [*ITEMS, "x"]}, 2)]
+
+
+def test_another_connections_commits_cost_no_reads(tmp_path: Path) -> None:
+    """What a store knows of its documents is per version, and every write checks the
+    version: another connection's commits (a lease renewed, other documents written) do
+    not make it read its own documents again."""
+    one, two = SQLiteStore(tmp_path / "x.db"), SQLiteStore(tmp_path / "x.db")
+    try:
+        one.commit([_whole(A, 0, {"items": ITEMS}), _whole(B, 0, 0)])
+        one.commit([_push(A, 1, 200, "x")])
+        two.renew_lease("two", 60)
+        two.commit([Write(DocKey("s", "", "other"), 1)])
+        assert _commit(one, _whole(B, 1, 1)) == ONE_UPDATE
+        assert _commit(one, _push(A, 2, 201, "y")) == APPEND
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_patch_to_what_another_store_changed_reads_it_once(tmp_path: Path) -> None:
+    one, two = SQLiteStore(tmp_path / "x.db"), SQLiteStore(tmp_path / "x.db")
+    try:
+        one.commit([_whole(A, 0, {"items": ITEMS})])
+        two.commit([_push(A, 1, 200, "two")])
+        sent = _commit(one, _push(A, 2, 201, "one"))
+        assert sent == ["SELECT d.version, d.value,", *APPEND]
+        assert two.load(A) == Stored({"items": [*ITEMS, "two", "one"]}, 3)
+    finally:
+        one.close()
+        two.close()
+
+
+async def _first(feed: AsyncIterator[Any]) -> Any:
+    with anyio.fail_after(WAIT):
+        return await feed.__anext__()
+
+
+@pytest.mark.anyio
+async def test_while_another_store_watches_a_commit_writes_its_feed_row(
+    tmp_path: Path,
+) -> None:
+    """The quiet path's guard sees a watcher that arrived since the last commit: that commit
+    goes the locked way and writes its row; once the watcher leaves, rows stop."""
+    path = tmp_path / "x.db"
+    writer, reader = SQLiteStore(path), SQLiteStore(path, feed_interval=0.01)
+    try:
+        assert _commit(writer, _whole(A, 0, 0)) == ["INSERT INTO docs"]  # nobody watches
+        assert _commit(writer, _whole(A, 1, 1)) == ONE_UPDATE
+        async with reader.watch() as feed:
+            assert await _first(feed) is RECHECK
+            sent = _commit(writer, _whole(A, 2, 2))  # tried quietly, refused, then locked
+            assert sent[0] == "UPDATE docs SET" and "INSERT INTO changes" in sent
+            assert await _first(feed) == {A: 3}
+            sent = _commit(writer, _whole(A, 3, 3))
+            assert sent == ["BEGIN IMMEDIATE", "PRAGMA data_version", "UPDATE docs SET",
+                            "INSERT INTO changes", "COMMIT"]
+            assert await _first(feed) == {A: 4}
+            assert _rows(path, "SELECT count(*) FROM changes") == [(2,)]
+        writer.commit([_whole(A, 4, 4)])  # notices the watcher left (a commit of its own)
+        assert _commit(writer, _whole(A, 5, 5)) == ONE_UPDATE
+        assert _rows(path, "SELECT count(*) FROM changes") == [(2,)]
+    finally:
+        writer.close()
+        reader.close()
+
+
+# ------------------------------------------------------------ whole values, wrong guesses
+
+
+def test_a_patch_of_the_whole_value_is_a_new_base_not_a_log_entry(store: SQLiteStore,
+                                                                  tmp_path: Path) -> None:
+    """However small the new value: appended, it would be a log entry replayed on a base
+    that no longer matters."""
+    store.commit([_whole(A, 0, {"items": ITEMS})])
+    store.commit([_push(A, 1, 200, "x")])  # a log
+    store.commit([_whole(A, 2, {"items": []})])
+    assert _rows(tmp_path / "x.db", "SELECT version, value FROM docs") == [
+        (3, '{"items":[]}')]
+    assert _rows(tmp_path / "x.db", "SELECT count(*) FROM heads") == [(0,)]
+    assert _rows(tmp_path / "x.db", "SELECT count(*) FROM patches") == [(0,)]
+    # the empty path later in a patch too: the steps before it apply, the rest build on it
+    store.commit([Write(A, None, 3, ((("items", 0), "a"), ((), {"n": []}), (("n", 0), 1)))])
+    assert _rows(tmp_path / "x.db", "SELECT version, value FROM docs") == [(4, '{"n":[1]}')]
+    assert store.load(A) == Stored({"n": [1]}, 4)
+
+
+def test_a_log_appended_by_another_store_at_the_same_base_is_a_conflict(
+    tmp_path: Path,
+) -> None:
+    """Behind one store's back the base row keeps its version while another store appends:
+    a whole write expecting the base's version must see the log's head, not the base."""
+    one, two = SQLiteStore(tmp_path / "x.db"), SQLiteStore(tmp_path / "x.db")
+    try:
+        one.commit([_whole(A, 0, {"items": ITEMS})])
+        two.commit([_push(A, 1, 200, "two")])
+        assert _rows(tmp_path / "x.db", "SELECT version FROM docs") == [(1,)]
+        with pytest.raises(ConflictError, match=r"'a'.*version 2, the write expected 1"):
+            one.commit([_whole(A, 1, "lost")])
+        with pytest.raises(ConflictError, match=r"'a'.*version 2, the write expected 1"):
+            one.commit([_push(A, 1, 200, "lost")])
+        assert one.load(A) == Stored({"items": [*ITEMS, "two"]}, 2)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_stale_whole_write_on_the_quiet_path_is_a_conflict_naming_the_document(
+    tmp_path: Path,
+) -> None:
+    one, two = SQLiteStore(tmp_path / "x.db"), SQLiteStore(tmp_path / "x.db")
+    try:
+        one.commit([_whole(B, 0, 1)])
+        two.commit([_whole(B, 1, 2)])
+        with pytest.raises(ConflictError) as info:
+            one.commit([_whole(B, 1, "lost")])
+        for words in ("'b'", "'user:u'", "version 2", "expected 1", "nothing was committed"):
+            assert words in str(info.value)
+        with pytest.raises(ConflictError, match=r"already exists at version 2"):
+            one.commit([Write(B, "again", 0)])
+        assert two.load(B) == Stored(2, 2)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_store_that_does_not_know_of_a_log_finds_it(tmp_path: Path) -> None:
+    """A store that never saw the document guesses it has no log; the quiet statement
+    refuses, and the locked one drops the log and writes the base."""
+    path = tmp_path / "x.db"
+    one = SQLiteStore(path)
+    try:
+        one.commit([_whole(A, 0, {"items": ITEMS})])
+        one.commit([_push(A, 1, 200, "x")])
+    finally:
+        one.close()
+    two = SQLiteStore(path)
+    try:
+        sent = _commit(two, _whole(A, 2, "whole"))
+        assert sent[0] == "UPDATE docs SET" and "DELETE FROM heads" in sent
+        assert two.load(A) == Stored("whole", 3)
+        assert _rows(path, "SELECT count(*) FROM patches") == [(0,)]
+    finally:
+        two.close()
+
+
+def test_a_quiet_write_waits_for_a_locked_file_then_raises_store_busy(tmp_path: Path) -> None:
+    path = tmp_path / "busy.db"
+    s = SQLiteStore(path, busy_timeout=0.2)
+    try:
+        s.commit([_whole(A, 0, 1)])
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(StoreBusyError, match="nothing was committed"):
+                s.commit([_whole(A, 1, 2)])
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert s.load(A) == Stored(1, 1)
+        assert _commit(s, _whole(A, 1, 2)) == ONE_UPDATE
+    finally:
+        s.close()
+
+
+# --------------------------------------------------------------- files of the old format
+
+# ``iterdump()`` of a file the code at 5592520 (the format before these commits) wrote:
+# "log" has a base and three patches, "small" was compacted, "whole" never had a log. The
+# lease's expiry is moved to 2100 and an expired watcher added, both by hand.
+OLD_DUMP = """
+CREATE TABLE changes (seq INTEGER PRIMARY KEY, origin INTEGER NOT NULL, space TEXT NOT NULL,
+    scope TEXT NOT NULL, id TEXT NOT NULL, version INTEGER NOT NULL);
+CREATE TABLE docs (space TEXT NOT NULL, scope TEXT NOT NULL, id TEXT NOT NULL,
+    version INTEGER NOT NULL, value TEXT NOT NULL, PRIMARY KEY (space, scope, id))
+    WITHOUT ROWID;
+INSERT INTO "docs" VALUES('app','','log',1,'{"items":["item 0","item 1","item 2","item 3",\
+"item 4","item 5","item 6","item 7","item 8","item 9","item 10","item 11","item 12",\
+"item 13","item 14","item 15","item 16","item 17","item 18","item 19"]}');
+INSERT INTO "docs" VALUES('app','','small',4,'{"n":3}');
+INSERT INTO "docs" VALUES('app','user:ann','whole',2,'["a","b"]');
+CREATE TABLE heads (space TEXT NOT NULL, scope TEXT NOT NULL, id TEXT NOT NULL,
+    version INTEGER NOT NULL, log_size INTEGER NOT NULL, base_size INTEGER NOT NULL,
+    PRIMARY KEY (space, scope, id)) WITHOUT ROWID;
+INSERT INTO "heads" VALUES('app','','log',4,72,201);
+CREATE TABLE leases (holder TEXT PRIMARY KEY, expires REAL NOT NULL) WITHOUT ROWID;
+INSERT INTO "leases" VALUES('holder-1',4102444800.0);
+CREATE TABLE patches (space TEXT NOT NULL, scope TEXT NOT NULL, id TEXT NOT NULL,
+    version INTEGER NOT NULL, patch TEXT NOT NULL, PRIMARY KEY (space, scope, id, version))
+    WITHOUT ROWID;
+INSERT INTO "patches" VALUES('app','','log',2,'[[["items",20],"new 0"]]');
+INSERT INTO "patches" VALUES('app','','log',3,'[[["items",21],"new 1"]]');
+INSERT INTO "patches" VALUES('app','','log',4,'[[["items",22],"new 2"]]');
+CREATE TABLE watchers (origin INTEGER PRIMARY KEY, expires REAL NOT NULL);
+INSERT INTO "watchers" VALUES(12345, 1.0);
+"""
+LOG, SMALL, WHOLE = (DocKey("app", "", "log"), DocKey("app", "", "small"),
+                     DocKey("app", "user:ann", "whole"))
+LOG_VALUE = {"items": [f"item {i}" for i in range(20)] + ["new 0", "new 1", "new 2"]}
+
+
+def test_a_file_of_the_previous_format_opens_reads_and_takes_writes(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(OLD_DUMP)
+    db.close()
+    s = SQLiteStore(path)
+    try:
+        assert s.load(LOG) == Stored(LOG_VALUE, 4)
+        assert s.load(SMALL) == Stored({"n": 3}, 4)
+        assert s.load(WHOLE) == Stored(["a", "b"], 2)
+        assert s.versions([LOG, SMALL, WHOLE]) == {LOG: 4, SMALL: 4, WHOLE: 2}
+        assert sorted(s.keys("app")) == sorted([LOG, SMALL, WHOLE])
+        left = s.lease_remaining("holder-1")
+        assert left is not None and left > 0
+        # the old log's head moves on (read once, then known; the watcher has expired,
+        # so the commit is a quiet one); a whole value replaces a base; conflicts still
+        assert _commit(s, _push(LOG, 4, 23, "new 3")) == ["SELECT d.version, d.value,", *APPEND]
+        assert s.commit([_whole(WHOLE, 2, ["c"])]) == {WHOLE: 3}
+        assert s.commit([Write(SMALL, None, 4, ((("m",), 1),))]) == {SMALL: 5}
+        with pytest.raises(ConflictError, match="version 5"):
+            s.commit([_push(LOG, 4, 23, "stale")])
+    finally:
+        s.close()
+    s = SQLiteStore(path)
+    try:
+        assert s.load(LOG) == Stored({"items": [*LOG_VALUE["items"], "new 3"]}, 5)
+        assert s.load(WHOLE) == Stored(["c"], 3)
+        assert s.load(SMALL) == Stored({"n": 3, "m": 1}, 5)
+        # the log's sizes carried on from the old head's; the small document's patch, longer
+        # than its base, became its base
+        assert _rows(path, "SELECT id, version, log_size, base_size FROM heads") == [
+            ("log", 5, 72 + len('[[["items",23],"new 3"]]'), 201)]
+        assert _rows(path, "SELECT value FROM docs WHERE id = 'small'") == [('{"n":3,"m":1}',)]
+    finally:
+        s.close()
+
+
+# -------------------------------------------------- the previous code on the same file
+
+PREVIOUS = "55925209c9c32d95ca62b61c315855a4e9d7b8c5"  # sqlite.py before these commits
+
+
+@pytest.fixture
+def previous(tmp_path: Path) -> ModuleType:
+    """``runtime/storage/sqlite.py`` as of ``PREVIOUS``, imported beside this one (its
+    imports are the package's); skipped where git cannot show it (no history)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        text = subprocess.run(
+            ["git", "show", f"{PREVIOUS}:runtime/storage/sqlite.py"], cwd=root,
+            capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        pytest.skip(f"git cannot show sqlite.py at {PREVIOUS[:7]} (no history here)")
+    file = tmp_path / "sqlite_previous.py"
+    file.write_text(text)
+    name = "runtime.storage._sqlite_previous"
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+def test_the_previous_code_and_this_one_share_a_file(previous: ModuleType,
+                                                     tmp_path: Path) -> None:
+    """Processes of both versions on one file (an upgrade under way): each reads what the
+    other wrote, logs and bases alike, and neither overwrites the other unseen."""
+    path = tmp_path / "mixed.db"
+    old, new = previous.SQLiteStore(path), SQLiteStore(path)
+    try:
+        old.commit([Write(A, {"items": ITEMS}, 0)])
+        model = {"items": list(ITEMS)}
+        version = 1
+        for i in range(40):  # alternate writers; patches, then whole values now and then
+            writer = (old, new)[i % 2]
+            if i % 10 == 9:
+                model = {"items": [f"restart {i}"]}
+                writer.commit([_whole(A, version, model)])
+                model = json.loads(json.dumps(model))
+            else:
+                n = len(model["items"])
+                writer.commit([_push(A, version, n, f"push {i}")])
+                model["items"].append(f"push {i}")
+            version += 1
+            for reader in (old, new):
+                assert reader.load(A) == Stored(model, version), (i, reader)
+        for stale, fresh in ((old, new), (new, old)):
+            fresh.commit([_push(A, version, len(model["items"]), "fresh")])
+            model["items"].append("fresh")
+            version += 1
+            with pytest.raises(ConflictError):
+                stale.commit([_push(A, version - 1, len(model["items"]), "lost")])
+            with pytest.raises(ConflictError):
+                stale.commit([_whole(A, version - 1, "lost")])
+        third = SQLiteStore(path)
+        try:
+            assert third.load(A) == Stored(model, version)
+        finally:
+            third.close()
+    finally:
+        old.close()
+        new.close()
+
+
+@pytest.mark.anyio
+async def test_the_previous_codes_feed_hears_this_codes_commits(previous: ModuleType,
+                                                                tmp_path: Path) -> None:
+    path = tmp_path / "mixed.db"
+    old, new = previous.SQLiteStore(path, feed_interval=0.01), SQLiteStore(path)
+    try:
+        new.commit([_whole(A, 0, 0)])
+        new.commit([_whole(A, 1, 1)])  # quiet: nobody watches yet
+        async with old.watch() as feed:
+            assert await _first(feed) is RECHECK
+            new.commit([_whole(A, 2, 2)])
+            assert await _first(feed) == {A: 3}
+            new.commit([Write(B, "b", 0)])
+            assert await _first(feed) == {B: 1}
+    finally:
+        old.close()
+        new.close()
