@@ -156,6 +156,8 @@ class Documents:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        # declaring(): the writes kept for one commit, by key (write, doc, value before)
+        self._batch: dict[DocKey, tuple[Write, Doc, Any]] | None = None
         # the store is this runtime's alone (a MemoryStore made for it): no other writer,
         # so what is loaded here is what is stored
         self.sole_writer = False
@@ -227,6 +229,8 @@ class Documents:
         if schema is not None:
             compile_schema(schema).validate(
                 initial, lambda: f"initial value of {label or 'document'} (/{key.id})")
+        if self._batch is not None:  # inside declaring(): stored with the others at its end
+            return self._declare_later(key, initial, schema, label, readonly, doc)
         try:
             # create-if-absent (expect 0) unless replacing what the runtime derives from code
             versions = self.store.commit([Write(key, initial, None if doc is not None else 0)])
@@ -249,6 +253,84 @@ class Documents:
             doc.node.set(copy_json(initial))
         doc.version = versions[key]
         return doc
+
+    @contextmanager
+    def declaring(self) -> Iterator[None]:
+        """Declare the block's documents in one store commit, at its end (or before any
+        transaction commits inside it), not one each: a pattern instance declares a dozen
+        or more, and on a file or a server each commit is a round trip. Nested blocks join
+        the outer one. What the block declared is stored even if it raises, as it would
+        have been one by one."""
+        if self._batch is not None:
+            yield
+            return
+        self._batch = {}
+        try:
+            yield
+        finally:
+            try:
+                self.flush_declared()
+            finally:
+                self._batch = None
+
+    def _declare_later(self, key: DocKey, initial: Any, schema: dict[str, Any] | None,
+                       label: str, readonly: str | None, doc: Doc | None) -> Doc:
+        """``declare``'s write, kept for ``flush_declared``; the document is usable now."""
+        assert self._batch is not None
+        if doc is None:
+            doc = Doc(key, signals.Signal(copy_json(initial), label), schema, label, False,
+                      readonly=readonly)
+            doc.declared = True
+            self._docs[key] = doc
+            before: Any = MISSING  # made here: dropped again if it cannot be stored
+        else:
+            before = doc.node.peek()
+            doc.node.set(copy_json(initial))
+        earlier = self._batch.get(key)
+        if earlier is not None:  # declared twice in one block: one write, the first's base
+            before, expect = earlier[2], earlier[0].expect
+        else:
+            expect = None if before is not MISSING else 0
+        self._batch[key] = (Write(key, initial, expect), doc, before)
+        return doc
+
+    def flush_declared(self) -> None:
+        """Store what ``declaring()`` has kept so far: one commit for all. If another
+        process created one of them meanwhile, each is stored on its own instead, and
+        theirs stands where it exists. If the store fails, the documents made in the block
+        are dropped again (and replaced ones restored): nothing is left that only this
+        process believes."""
+        batch = self._batch
+        if not batch:
+            return
+        pending = list(batch.values())
+        batch.clear()
+        try:
+            try:
+                versions = self.store.commit([w for w, _, _ in pending])
+            except ConflictError:
+                for w, doc, _ in pending:
+                    self._store_one(w, doc)
+                return
+        except BaseException:
+            for w, doc, before in pending:
+                if before is MISSING:
+                    self._docs.pop(w.key, None)
+                else:
+                    doc.node.set(before)
+            raise
+        for w, doc, _ in pending:
+            doc.version = versions[w.key]
+
+    def _store_one(self, write: Write, doc: Doc) -> None:
+        try:
+            doc.version = self.store.commit([write])[write.key]
+        except ConflictError:  # another process created it first: theirs stands
+            stored = self.store.load(write.key)
+            if stored is None:
+                raise
+            doc.node.set(stored.value)
+            doc.version = stored.version
 
     def derive(self, key: DocKey, fn: Callable[[], Any], label: str = "") -> Doc:
         doc = Doc(key, signals.Computed(fn, label), None, label, True)
@@ -660,6 +742,7 @@ class Transaction:
     def _apply(self) -> list[Change]:
         docs = self.docs
         docs.check_open("committing")
+        docs.flush_declared()  # declared in the same block: stored before what builds on it
         written = []
         for k, p in self.pending.items():
             if p.ops and not _cancelled_out(docs.doc(k), p):

@@ -292,27 +292,28 @@ class Runtime:
         running = self._running.running(ident)
         if running is not None:
             return running
-        builder = Builder(self.docs, self.scheduler, pattern.name, space, scope, cause_id)
-        arg_key = DocKey(space, scope.key, derive(cause_id, "argument"))
-        # the arguments initialise the argument cell; after that it is state (edits made
-        # through inst.argument survive a restart), checked against the argument schema
-        argument = Cell(self.docs, arg_key, (), pattern.argument_schema)
-        params = pattern.bind_arguments(argument, args)
-        self.docs.declare(arg_key, args, pattern.argument_schema, f"{pattern.name} argument")
-        token = _builder.set(builder)
-        try:
-            output = pattern.fn(**params)
-        finally:
-            _builder.reset(token)
-        streams: dict[str, Stream] = {}
-        placed: dict[tuple[str, ...], Pattern] = {}
-        value = _to_document(output, (), streams, placed)
-        res_key = DocKey(space, scope.key, derive(cause_id, "result"))
-        self.docs.declare(
-            res_key, value, None, f"{pattern.name} result", overwrite=True,
-            readonly="an instance's result is written by the runtime; write the cells it "
-            "names (a write through one of its links lands on the cell)",
-        )
+        with self.docs.declaring():  # the instance's documents: one store commit
+            builder = Builder(self.docs, self.scheduler, pattern.name, space, scope, cause_id)
+            arg_key = DocKey(space, scope.key, derive(cause_id, "argument"))
+            # the arguments initialise the argument cell; after that it is state (edits made
+            # through inst.argument survive a restart), checked against the argument schema
+            argument = Cell(self.docs, arg_key, (), pattern.argument_schema)
+            params = pattern.bind_arguments(argument, args)
+            self.docs.declare(arg_key, args, pattern.argument_schema, f"{pattern.name} argument")
+            token = _builder.set(builder)
+            try:
+                output = pattern.fn(**params)
+            finally:
+                _builder.reset(token)
+            streams: dict[str, Stream] = {}
+            placed: dict[tuple[str, ...], Pattern] = {}
+            value = _to_document(output, (), streams, placed)
+            res_key = DocKey(space, scope.key, derive(cause_id, "result"))
+            self.docs.declare(
+                res_key, value, None, f"{pattern.name} result", overwrite=True,
+                readonly="an instance's result is written by the runtime; write the cells it "
+                "names (a write through one of its links lands on the cell)",
+            )
         inst = Instance(self, pattern, ident, Cell(self.docs, res_key), argument, builder,
                         streams)
         for stream in builder.streams:
@@ -422,10 +423,8 @@ class Runtime:
                 f"await rt.send({stream.name!r}, ...) inside an open transaction would run the "
                 "handler in the middle of it: send after the `with rt.transaction()` block"
             )
-        ev = self.scheduler.enqueue(stream, event)
-        ev.awaited = True
-        self.scheduler.drain()
-        await anyio.lowlevel.checkpoint()
+        ev = self.scheduler.send(stream, event)
+        #CP
         if ev.error is not None:
             raise ev.error
 
