@@ -423,8 +423,10 @@ class Runtime:
                 f"await rt.send({stream.name!r}, ...) inside an open transaction would run the "
                 "handler in the middle of it: send after the `with rt.transaction()` block"
             )
-        ev = self.scheduler.send(stream, event)
-        #CP
+        ev = self.scheduler.enqueue(stream, event)
+        ev.awaited = True
+        self.scheduler.drain()
+        await anyio.lowlevel.checkpoint()
         if ev.error is not None:
             raise ev.error
 
