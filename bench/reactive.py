@@ -1,32 +1,46 @@
-"""Propagation benchmark: our reactive kernel against reaktiv, reactivex and signified.
+"""Propagation benchmark: our reactive kernel, compiled and pure, against reaktiv, reactivex
+and signified.
 
     python bench/reactive.py                 # every scenario, every library
     python bench/reactive.py --quick         # fewer writes (a smoke run)
     python bench/reactive.py --blocks 9      # more timed blocks (default 5)
-    python bench/reactive.py --no-install    # never create the signified venv
+    python bench/reactive.py --only chain-100,diamond-5   # some scenarios
+    python bench/reactive.py --no-install    # never create signified's venv nor build there
 
 Each (scenario, library) cell runs in a fresh subprocess, so a peer that overflows the stack
 on a deep graph reports it instead of taking the run down, and no library warms another's
-caches. In it, one block of writes warms up, then ``--blocks`` timed blocks of the same
-size follow; the table shows the median per write over blocks, a second table the minimum.
-Every observer checks each value it sees against an oracle that recomputes the scenario
-from scratch; a value the oracle does not produce for the current inputs counts as
-inconsistent (a glitch). Peers are driven the way ``../shared/anchors/reactive_peers.py``
-drives them. Output: microseconds per write, the peer/ours ratio (> 1: we are faster), and
-inconsistent values per library.
+caches. In it, one block of writes warms up, then ``--blocks`` timed blocks of the same size
+follow; the tables show the median per write over blocks. Targets are judged on CPU time
+(the first tables); wall time follows. Every observer records what it saw and the inputs it
+saw it for; after the timed blocks an oracle recomputes what it should have seen from those
+inputs, and a value the oracle does not produce counts as inconsistent (a glitch). A ratio
+against a peer that showed inconsistent values is marked ``!``: it times wrong results.
 
-signified (a glitch-free library with a compiled core) needs Python 3.12+, newer than this
-project requires, so its scenarios run under another interpreter: ``$SIGNIFIED_PYTHON``, or
-the venv ``/tmp/celldialog-bench-py312`` (created with ``pip install signified`` from the
-first Python 3.12+ found, unless ``--no-install``), or any Python 3.12+ that imports it.
-Without one the peer is skipped and the table says why.
+Our kernel runs twice: ``ours`` as installed (compiled by mypyc where the build produced it;
+the header says which ran and why) and ``ours-pure`` with ``CELLDIALOG_PURE_KERNEL=1``.
+
+signified (glitch-free, with a compiled Rust core) needs Python 3.12+ (its 0.7 wheels are
+cp312-abi3 and its source uses 3.12 syntax; what ``pip install signified`` finds for 3.11 is
+0.2.6, a different library with no effects or batches). Under an older interpreter it runs
+under another one: ``$SIGNIFIED_PYTHON``, or the venv ``/tmp/celldialog-bench-py312``
+(created from the first Python 3.12+ found, with ``pip install signified``, unless
+``--no-install``), or any Python 3.12+ that imports it. Our kernel then runs under that
+interpreter too (its source and setup.py copied there and compiled with mypyc, installed
+there if missing), so signified is compared with ours on the same interpreter; both are
+printed. Peers are driven
+the way ``../shared/anchors/reactive_peers.py`` drives them, each through its leanest
+callables (bound methods, C-level getters and setters: no frame of the bench's own between a
+library and the code reading it).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import glob
+import hashlib
 import json
+import operator
 import os
 import platform
 import shutil
@@ -38,20 +52,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# a run under signified's interpreter imports our kernel from its copy there (see below)
+sys.path.insert(0, os.environ.get("CELLDIALOG_BENCH_ROOT", str(ROOT)))
 
-LIBS = ("ours", "reaktiv", "reactivex", "signified", "cells")
+LIBS = ("ours", "ours-pure", "reaktiv", "reactivex", "signified", "cells")
 PEERS = ("reaktiv", "reactivex", "signified")
-SHORT = {"ours": "ours", "reaktiv": "reaktiv", "reactivex": "rx", "signified": "sig",
-         "cells": "cells"}
+SHORT = {"ours": "ours", "ours-pure": "pure", "reaktiv": "reaktiv", "reactivex": "rx",
+         "signified": "sig", "cells": "cells"}
 TIMEOUT = 30  # seconds per (scenario, library); reaktiv on cellx-1000 runs for many minutes
 BLOCKS = 5  # timed blocks after the warm-up block
 SIGNIFIED_VENV = Path("/tmp/celldialog-bench-py312")
+# what our kernel needs to run on its own (its package __init__s are left empty there)
+KERNEL_FILES = ("runtime/errors.py", "runtime/cells/_kernel.py", "runtime/cells/signals.py",
+                "runtime/cells/equality.py", "setup.py")
 
 
 # ---------------------------------------------------------------------------- adapters
 # Each adapter exposes: signal(v) -> (get, set); computed(fn) -> get; effect(fn) -> handle;
-# batch() -> context manager. reactivex is driven with operators instead (see RX_BUILDERS).
+# batch() -> context manager. reactivex is driven with operators instead (see rx_builders).
 
 
 class Ours:
@@ -145,25 +163,22 @@ class Reaktiv:
 
 
 class Signified:
-    """signified's ``Signal`` / ``Computed`` / ``Effect`` read and written through
-    ``.value``; observers are held weakly, so the closures keep the graph alive."""
+    """signified's ``Signal`` / ``Computed`` / ``Effect`` are read and written through
+    ``.value`` (a native property): here through C-level callables, not a lambda of ours.
+    Observers are held weakly, so the closures keep the graph alive."""
 
     def __init__(self) -> None:
         import signified
 
         self.s = signified
+        self._read = operator.attrgetter("value")
 
     def signal(self, v):
         sig = self.s.Signal(v)
-
-        def set_(value):
-            sig.value = value
-
-        return lambda: sig.value, set_
+        return functools.partial(self._read, sig), functools.partial(setattr, sig, "value")
 
     def computed(self, fn):
-        c = self.s.Computed(fn)
-        return lambda: c.value
+        return functools.partial(self._read, self.s.Computed(fn))
 
     def effect(self, fn):
         return self.s.Effect(fn)
@@ -173,8 +188,9 @@ class Signified:
 
 
 # ---------------------------------------------------------------------------- scenarios
-# A scenario builder takes a library adapter and returns (write(i), final_check(), observed)
-# where observed is a list of (seen value, expected value) pairs filled in by observers.
+# A scenario builder takes a library adapter and returns (write(i), seen, expect, extra):
+# observers append (value, inputs) to seen, where inputs is what the writer last wrote (a
+# cheap reference); expect(inputs) is the oracle, applied only after the timed blocks.
 
 
 def chain(n):
@@ -184,14 +200,14 @@ def chain(n):
         for _ in range(n):
             node = (lambda prev: lib.computed(lambda: prev() + 1))(node)
         seen = []
-        state = {"a": 0}
-        keep = lib.effect(lambda: seen.append((node(), state["a"] + n)))
+        cur = [0]
+        keep = lib.effect(lambda: seen.append((node(), cur[0])))
 
         def write(i):
-            state["a"] = i + 1
+            cur[0] = i + 1
             set_(i + 1)
 
-        return write, seen, keep
+        return write, seen, lambda a: a + n, keep
 
     return build
 
@@ -200,17 +216,17 @@ def fanout(n):
     def build(lib):
         get, set_ = lib.signal(0)
         seen = []
-        state = {"a": 0}
+        cur = [0]
         keep = []
         for k in range(n):
             c = (lambda k: lib.computed(lambda: get() + k))(k)
-            keep.append(lib.effect((lambda c, k: lambda: seen.append((c(), state["a"] + k)))(c, k)))
+            keep.append(lib.effect((lambda c, k: lambda: seen.append((c(), (k, cur[0]))))(c, k)))
 
         def write(i):
-            state["a"] = i + 1
+            cur[0] = i + 1
             set_(i + 1)
 
-        return write, seen, keep
+        return write, seen, lambda ka: ka[0] + ka[1], keep
 
     return build
 
@@ -221,14 +237,14 @@ def diamond(width):
         mids = [(lambda k: lib.computed(lambda: get() + k))(k) for k in range(width)]
         total = lib.computed(lambda: sum(m() for m in mids))
         seen = []
-        state = {"a": 0}
-        keep = lib.effect(lambda: seen.append((total(), width * state["a"] + sum(range(width)))))
+        cur = [0]
+        keep = lib.effect(lambda: seen.append((total(), cur[0])))
 
         def write(i):
-            state["a"] = i + 1
+            cur[0] = i + 1
             set_(i + 1)
 
-        return write, seen, keep
+        return write, seen, lambda a: width * a + sum(range(width)), keep
 
     return build
 
@@ -238,16 +254,17 @@ def triangle(lib):
     b = lib.computed(lambda: get() + 1)
     c = lib.computed(lambda: get() + b())
     seen = []
-    state = {"a": 0}
-    keep = lib.effect(lambda: seen.append((c(), 2 * state["a"] + 1)))
+    cur = [0]
+    keep = lib.effect(lambda: seen.append((c(), cur[0])))
 
     def write(i):
-        state["a"] = i + 1
+        cur[0] = i + 1
         set_(i + 1)
 
-    return write, seen, keep
+    return write, seen, lambda a: 2 * a + 1, keep
 
 
+@functools.cache
 def _cellx_expected(start, layers):
     a, b, c, d = start
     for _ in range(layers):
@@ -268,19 +285,16 @@ def cellx(layers):
                 (lambda c=c: lib.computed(lambda: c()))(),
             ]
         seen = []
-        state = {"in": (1, 2, 3, 4)}
+        cur = [(1, 2, 3, 4)]
         keep = [
-            lib.effect(
-                (lambda k, node: lambda: seen.append(
-                    (node(), _cellx_expected(state["in"], layers)[k])))(k, node)
-            )
+            lib.effect((lambda k, node: lambda: seen.append((node(), (k, cur[0]))))(k, node))
             for k, node in enumerate(prev)
         ]
         before = [p() for p in prev]
 
         def write(i):
             vals = (4, 3, 2, 1) if i % 2 == 0 else (1, 2, 3, 4)
-            state["in"] = vals
+            cur[0] = vals
             with lib.batch():
                 for (_, set_), v in zip(srcs, vals, strict=True):
                     set_(v)
@@ -288,9 +302,13 @@ def cellx(layers):
         def ends():
             return before, [p() for p in prev]
 
-        return write, seen, (keep, ends)
+        return write, seen, lambda kv: _cellx_expected(kv[1], layers)[kv[0]], (keep, ends)
 
     return build
+
+
+def _unstable_expected(a):
+    return sum(a + k for k in range(5)) if a % 2 == 0 else a
 
 
 def unstable(lib):
@@ -298,19 +316,14 @@ def unstable(lib):
     ks = [(lambda k: lib.computed(lambda: get() + k))(k) for k in range(5)]
     branch = lib.computed(lambda: sum(k() for k in ks) if get() % 2 == 0 else ks[0]())
     seen = []
-    state = {"a": 0}
-
-    def expect():
-        a = state["a"]
-        return sum(a + k for k in range(5)) if a % 2 == 0 else a
-
-    keep = lib.effect(lambda: seen.append((branch(), expect())))
+    cur = [0]
+    keep = lib.effect(lambda: seen.append((branch(), cur[0])))
 
     def write(i):
-        state["a"] = i + 1
+        cur[0] = i + 1
         set_(i + 1)
 
-    return write, seen, keep
+    return write, seen, _unstable_expected, keep
 
 
 def cutoff(lib):
@@ -330,15 +343,15 @@ def cutoff(lib):
     for _ in range(100):
         node = lib.computed(tail_fn(node))
     seen = []
-    state = {"a": 0}
-    keep = lib.effect(lambda: seen.append((node(), state["a"] % 2 + 100)))
+    cur = [0]
+    keep = lib.effect(lambda: seen.append((node(), cur[0])))
     runs[0] = 0
 
     def write(i):
-        state["a"] = 2 * (i + 1)  # always even: parity never changes
+        cur[0] = 2 * (i + 1)  # always even: parity never changes
         set_(2 * (i + 1))
 
-    return write, seen, (keep, runs)
+    return write, seen, lambda a: a % 2 + 100, (keep, runs)
 
 
 DOC_SCHEMA = {
@@ -378,18 +391,18 @@ def doc(n):
             lib, items)
         total = lib.computed(lambda: sum(item["n"] for item in get()))
         vals = list(range(n))
-        state = {"sum": sum(vals)}
+        cur = [sum(vals)]  # the writer keeps the sum as it writes: O(1), and the oracle
         seen = []
-        keep = lib.effect(lambda: seen.append((total(), state["sum"])))
+        keep = lib.effect(lambda: seen.append((total(), cur[0])))
 
         def write(i):
             j = (i * 7919) % n
             v = n + i + 1  # never a value item j held before: every write changes the sum
-            state["sum"] += v - vals[j]
+            cur[0] += v - vals[j]
             vals[j] = v
             set_at(j, "n", v)
 
-        return write, seen, keep
+        return write, seen, lambda s: s, keep
 
     return build
 
@@ -398,16 +411,16 @@ def batch1000(lib):
     get, set_ = lib.signal(0)
     double = lib.computed(lambda: get() * 2)
     seen = []
-    state = {"a": 0}
-    keep = lib.effect(lambda: seen.append((double(), 2 * state["a"])))
+    cur = [0]
+    keep = lib.effect(lambda: seen.append((double(), cur[0])))
 
     def write(i):  # one "write" here is a batch of 1,000 writes
         with lib.batch():
             for k in range(1000):
-                state["a"] = i * 1000 + k
+                cur[0] = i * 1000 + k
                 set_(i * 1000 + k)
 
-    return write, seen, keep
+    return write, seen, lambda a: 2 * a, keep
 
 
 # ---------------------------------------------------------------------------- reactivex
@@ -424,30 +437,30 @@ def rx_builders():
             obs = s
             for _ in range(n):
                 obs = obs.pipe(ops.map(lambda x: x + 1))
-            seen, state = [], {"a": 0}
-            obs.subscribe(lambda v: seen.append((v, state["a"] + n)))
+            seen, cur = [], [0]
+            obs.subscribe(lambda v: seen.append((v, cur[0])))
 
             def write(i):
-                state["a"] = i + 1
+                cur[0] = i + 1
                 s.on_next(i + 1)
 
-            return write, seen, None
+            return write, seen, lambda a: a + n, None
 
         return build
 
     def rx_fan(n):
         def build():
             s = BehaviorSubject(0)
-            seen, state = [], {"a": 0}
+            seen, cur = [], [0]
             for k in range(n):
                 s.pipe(ops.map(lambda x, k=k: x + k)).subscribe(
-                    lambda v, k=k: seen.append((v, state["a"] + k)))
+                    lambda v, k=k: seen.append((v, (k, cur[0]))))
 
             def write(i):
-                state["a"] = i + 1
+                cur[0] = i + 1
                 s.on_next(i + 1)
 
-            return write, seen, None
+            return write, seen, lambda ka: ka[0] + ka[1], None
 
         return build
 
@@ -455,30 +468,30 @@ def rx_builders():
         def build():
             s = BehaviorSubject(0)
             mids = [s.pipe(ops.map(lambda x, k=k: x + k)) for k in range(width)]
-            seen, state = [], {"a": 0}
+            seen, cur = [], [0]
             rx.combine_latest(*mids).pipe(ops.map(sum)).subscribe(
-                lambda v: seen.append((v, width * state["a"] + sum(range(width)))))
+                lambda v: seen.append((v, cur[0])))
 
             def write(i):
-                state["a"] = i + 1
+                cur[0] = i + 1
                 s.on_next(i + 1)
 
-            return write, seen, None
+            return write, seen, lambda a: width * a + sum(range(width)), None
 
         return build
 
     def rx_triangle():
         s = BehaviorSubject(0)
         b = s.pipe(ops.map(lambda x: x + 1))
-        seen, state = [], {"a": 0}
+        seen, cur = [], [0]
         rx.combine_latest(s, b).pipe(ops.map(lambda ab: ab[0] + ab[1])).subscribe(
-            lambda v: seen.append((v, 2 * state["a"] + 1)))
+            lambda v: seen.append((v, cur[0])))
 
         def write(i):
-            state["a"] = i + 1
+            cur[0] = i + 1
             s.on_next(i + 1)
 
-        return write, seen, None
+        return write, seen, lambda a: 2 * a + 1, None
 
     def rx_cellx(layers):
         def build():
@@ -492,20 +505,21 @@ def rx_builders():
                     rx.combine_latest(b, d).pipe(ops.map(lambda t: t[0] + t[1])),
                     c,
                 ]
-            seen, state = [], {"in": (1, 2, 3, 4)}
+            seen, cur = [], [(1, 2, 3, 4)]
             last = [None] * 4
             for k, node in enumerate(prev):
                 node.subscribe(lambda v, k=k: (last.__setitem__(k, v), seen.append(
-                    (v, _cellx_expected(state["in"], layers)[k]))))
+                    (v, (k, cur[0])))))
             before = list(last)
 
             def write(i):
                 vals = (4, 3, 2, 1) if i % 2 == 0 else (1, 2, 3, 4)
-                state["in"] = vals
+                cur[0] = vals
                 for src, v in zip(srcs, vals, strict=True):
                     src.on_next(v)
 
-            return write, seen, (None, lambda: (before, list(last)))
+            return (write, seen, lambda kv: _cellx_expected(kv[1], layers)[kv[0]],
+                    (None, lambda: (before, list(last))))
 
         return build
 
@@ -520,50 +534,50 @@ def rx_builders():
 
         for _ in range(100):
             obs = obs.pipe(ops.map(step))
-        seen, state = [], {"a": 0}
-        obs.subscribe(lambda v: seen.append((v, state["a"] % 2 + 100)))
+        seen, cur = [], [0]
+        obs.subscribe(lambda v: seen.append((v, cur[0])))
         runs[0] = 0
 
         def write(i):
-            state["a"] = 2 * (i + 1)
+            cur[0] = 2 * (i + 1)
             s.on_next(2 * (i + 1))
 
-        return write, seen, (None, runs)
+        return write, seen, lambda a: a % 2 + 100, (None, runs)
 
     def rx_doc(n):
         def build():
             items = _doc_items(n)
             s = BehaviorSubject(items)
             vals = list(range(n))
-            seen, state = [], {"sum": sum(vals), "v": items}
+            seen, cur, state = [], [sum(vals)], {"v": items}
             s.pipe(ops.map(lambda xs: sum(item["n"] for item in xs))).subscribe(
-                lambda v: seen.append((v, state["sum"])))
+                lambda v: seen.append((v, cur[0])))
 
             def write(i):
                 j = (i * 7919) % n
                 v = n + i + 1
-                state["sum"] += v - vals[j]
+                cur[0] += v - vals[j]
                 vals[j] = v
                 new = list(state["v"])
                 new[j] = {**new[j], "n": v}
                 state["v"] = new
                 s.on_next(new)
 
-            return write, seen, None
+            return write, seen, lambda t: t, None
 
         return build
 
     def rx_batch():
         s = BehaviorSubject(0)
-        seen, state = [], {"a": 0}
-        s.pipe(ops.map(lambda x: x * 2)).subscribe(lambda v: seen.append((v, 2 * state["a"])))
+        seen, cur = [], [0]
+        s.pipe(ops.map(lambda x: x * 2)).subscribe(lambda v: seen.append((v, cur[0])))
 
         def write(i):  # no batches in Rx: every write propagates
             for k in range(1000):
-                state["a"] = i * 1000 + k
+                cur[0] = i * 1000 + k
                 s.on_next(i * 1000 + k)
 
-        return write, seen, None
+        return write, seen, lambda a: 2 * a, None
 
     return {
         "chain-100": rx_chain(100),
@@ -613,7 +627,8 @@ def _lib_version(lib_name: str) -> str:
 
 
 def run_one(lib_name: str, scenario: str, per_block: int, blocks: int) -> dict:
-    """One warm-up block, then ``blocks`` timed blocks of ``per_block`` writes each."""
+    """One warm-up block, then ``blocks`` timed blocks of ``per_block`` writes each; the
+    oracle runs after them."""
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
     info = {"python": platform.python_version(), "version": _lib_version(lib_name)}
     try:
@@ -621,12 +636,15 @@ def run_one(lib_name: str, scenario: str, per_block: int, blocks: int) -> dict:
             builders = rx_builders()
             if scenario not in builders:
                 return {"status": "n/a", **info}
-            write, seen, extra = builders[scenario]()
+            write, seen, expect, extra = builders[scenario]()
         elif lib_name == "cells":
-            write, seen, extra = OursCells().build(SCENARIOS[scenario][0])
+            write, seen, expect, extra = OursCells().build(SCENARIOS[scenario][0])
         else:
-            lib = {"ours": Ours, "reaktiv": Reaktiv, "signified": Signified}[lib_name]()
-            write, seen, extra = SCENARIOS[scenario][0](lib)
+            lib = {"ours": Ours, "ours-pure": Ours, "reaktiv": Reaktiv,
+                   "signified": Signified}[lib_name]()
+            if isinstance(lib, Ours):
+                info["kernel"] = lib.s.KERNEL
+            write, seen, expect, extra = SCENARIOS[scenario][0](lib)
         seen.clear()
         if isinstance(extra, tuple) and len(extra) == 2 and isinstance(extra[1], list):
             extra[1][0] = 0
@@ -644,11 +662,10 @@ def run_one(lib_name: str, scenario: str, per_block: int, blocks: int) -> dict:
             writes += 1
     except RecursionError:
         return {"status": "RecursionError", **info}
-    timed = times[1:]
-    bad = sum(1 for v, want in seen if v != want)
-    out = {"status": "ok", "us": statistics.median(timed) * 1e6, "us_min": min(timed) * 1e6,
-           "cpu_us": statistics.median(cpus[1:]) * 1e6,
-           "blocks": len(timed), "per_block": per_block, "writes": writes,
+    bad = sum(1 for v, inputs in seen if v != expect(inputs))  # the oracle, after timing
+    out = {"status": "ok", "us": statistics.median(times[1:]) * 1e6,
+           "cpu_us": statistics.median(cpus[1:]) * 1e6, "cpu_us_min": min(cpus[1:]) * 1e6,
+           "blocks": blocks, "per_block": per_block, "writes": writes,
            "emissions": len(seen), "inconsistent": bad,
            "missed": max(EXPECTED_EMISSIONS.get(scenario, 1) * writes - len(seen), 0), **info}
     if scenario == "cellx-1000":
@@ -675,9 +692,11 @@ def _python_version(exe: str) -> tuple[int, ...] | None:
 
 
 def _imports_signified(exe: str) -> bool:
+    """Whether ``exe`` imports the signified this bench drives (effects and batches: 0.7+)."""
     try:
-        return subprocess.run([exe, "-c", "import signified"], capture_output=True,
-                              timeout=30).returncode == 0
+        return subprocess.run(
+            [exe, "-c", "import signified; signified.Effect; signified.batch"],
+            capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -687,7 +706,7 @@ def _pythons_312() -> list[str]:
     found = [sys.executable]
     found += [p for n in ("python3.14", "python3.13", "python3.12") if (p := shutil.which(n))]
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    found += sorted(glob.glob(str(pyenv / "3.1[2-9]*" / "bin" / "python")), reverse=True)
+    found += sorted(glob.glob(str(pyenv / "3.1[2-9]*" / "bin" / "python")))
     out: list[str] = []
     for exe in found:
         if exe not in out and (_python_version(exe) or (0,)) >= (3, 12):
@@ -695,13 +714,28 @@ def _pythons_312() -> list[str]:
     return out
 
 
+def _pip(python: str, *args: str) -> str | None:
+    """Run pip under ``python``; None, or why it failed."""
+    cmd = [python, "-m", "pip", "install", "--quiet", *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"pip install {' '.join(args)} failed: {e}"
+    if proc.returncode != 0:
+        err = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        return f"pip install {' '.join(args)} failed: {err[:120]}"
+    return None
+
+
 def find_signified(install: bool) -> tuple[str | None, str]:
     """(interpreter that imports signified, how it was found), or (None, why not)."""
+    if _imports_signified(sys.executable):
+        return sys.executable, "this interpreter"
     env = os.environ.get("SIGNIFIED_PYTHON")
     if env:
         if _imports_signified(env):
             return env, f"$SIGNIFIED_PYTHON={env}"
-        return None, f"$SIGNIFIED_PYTHON={env} cannot import signified"
+        return None, f"$SIGNIFIED_PYTHON={env} cannot import signified 0.7+"
     venv_python = SIGNIFIED_VENV / "bin" / "python"
     if venv_python.exists() and _imports_signified(str(venv_python)):
         return str(venv_python), f"venv {SIGNIFIED_VENV}"
@@ -717,28 +751,72 @@ def find_signified(install: bool) -> tuple[str | None, str]:
                       "--no-install given")
     print(f"creating {SIGNIFIED_VENV} from {pythons[0]} and installing signified ...",
           file=sys.stderr)
-    steps = ([pythons[0], "-m", "venv", str(SIGNIFIED_VENV)],
-             [str(venv_python), "-m", "pip", "install", "--quiet", "signified"])
-    for cmd in steps:
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            return None, f"{' '.join(cmd[1:4])} failed: {e}"
-        if proc.returncode != 0:
-            err = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-            return None, f"{' '.join(cmd[1:4])} failed: {err[:120]}"
+    try:
+        subprocess.run([pythons[0], "-m", "venv", str(SIGNIFIED_VENV)], check=True,
+                       capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"python -m venv failed: {e}"
+    why = _pip(str(venv_python), "signified")
+    if why:
+        return None, why
     if _imports_signified(str(venv_python)):
         return str(venv_python), f"venv {SIGNIFIED_VENV} (just created)"
     return None, f"installed signified into {SIGNIFIED_VENV} but it does not import"
 
 
+def kernel_for(python: str, install: bool) -> tuple[str | None, str]:
+    """Our kernel for another interpreter: its files copied under that interpreter's prefix
+    and compiled there with this project's setup.py (rebuilt when a file changed). Returns
+    (the directory to import it from, what was done), or (None, why not)."""
+    prefix = subprocess.run([python, "-c", "import sys; print(sys.prefix)"],
+                            capture_output=True, text=True, timeout=20).stdout.strip()
+    if not prefix:
+        return None, f"{python} does not run"
+    where = Path(prefix) / "celldialog-kernel"
+    digest = hashlib.sha256(b"".join((ROOT / f).read_bytes() for f in KERNEL_FILES)).hexdigest()
+    stamp = where / "built-from"  # written once compiled from these files
+    if stamp.exists() and stamp.read_text() == digest:
+        return str(where), f"{where} (compiled earlier from the same files)"
+    shutil.rmtree(where, ignore_errors=True)
+    for f in KERNEL_FILES:
+        (where / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, where / f)
+    for package in ("runtime", "runtime/cells"):  # no package imports: only the kernel's
+        (where / package / "__init__.py").write_text("")
+    has_mypyc = subprocess.run([python, "-c", "import mypyc, setuptools"],
+                               capture_output=True).returncode == 0
+    if not has_mypyc and install:
+        has_mypyc = _pip(python, "mypy>=1.11", "setuptools>=68") is None
+    if not has_mypyc:
+        return str(where), f"{where} (copied now; no mypyc there to compile it)"
+    subprocess.run([python, "setup.py", "build_ext", "--inplace"], cwd=where,
+                   capture_output=True, timeout=600)
+    stamp.write_text(digest)
+    return str(where), f"{where} (copied and compiled now)"
+
+
 # ---------------------------------------------------------------------------- the run
 
 
-def _arg(name: str, default: int) -> int:
+def _arg(name: str, default: str) -> str:
     if name in sys.argv:
-        return int(sys.argv[sys.argv.index(name) + 1])
+        return sys.argv[sys.argv.index(name) + 1]
     return default
+
+
+def _run_cell(exe: str, lib: str, scenario: str, per_block: int, blocks: int,
+              env: dict[str, str]) -> dict:
+    """One (scenario, library) subprocess."""
+    try:
+        proc = subprocess.run(
+            [exe, __file__, "--one", lib, scenario, str(per_block), str(blocks)],
+            capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        return {"status": f"timeout>{TIMEOUT}s"}
+    if proc.returncode != 0:
+        err = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return {"status": f"failed: {err[:40]}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -747,38 +825,41 @@ def main() -> None:
                                  int(sys.argv[5]))))
         return
     quick = "--quick" in sys.argv
-    blocks = _arg("--blocks", BLOCKS)
+    install = "--no-install" not in sys.argv
+    blocks = int(_arg("--blocks", str(BLOCKS)))
     if blocks < 5:
         sys.exit("--blocks must be at least 5")
-    sig_python, sig_how = find_signified(install="--no-install" not in sys.argv)
+    only = [s for s in _arg("--only", "").split(",") if s]
+    if unknown := [s for s in only if s not in SCENARIOS]:
+        sys.exit(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    sig_python, sig_how = find_signified(install)
+    foreign = sig_python is not None and sig_python != sys.executable
+    kernel_dir, kernel_how = kernel_for(sig_python, install) if foreign else (None, "")
     print(f"start: {_load()}")
     started = time.perf_counter()
+    pure = {"CELLDIALOG_PURE_KERNEL": "1"}
     results: dict[str, dict[str, dict]] = {}
+    beside_sig: dict[str, dict[str, dict]] = {}  # ours under signified's interpreter
     for scenario, (_, per_block) in SCENARIOS.items():
+        if only and scenario not in only:
+            continue
         if quick:
             per_block = max(per_block // 20, 2)
-        results[scenario] = {}
+        row = results[scenario] = {}
         for lib in LIBS:
-            exe = sys.executable
-            if lib == "signified":
-                if sig_python is None:
-                    results[scenario][lib] = {"status": "skipped"}
-                    continue
-                exe = sig_python
-            try:
-                proc = subprocess.run(
-                    [exe, __file__, "--one", lib, scenario, str(per_block), str(blocks)],
-                    capture_output=True, text=True, timeout=TIMEOUT,
-                )
-            except subprocess.TimeoutExpired:
-                results[scenario][lib] = {"status": f"timeout>{TIMEOUT}s"}
+            if lib == "signified" and sig_python is None:
+                row[lib] = {"status": "skipped"}
                 continue
-            if proc.returncode != 0:
-                err = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-                results[scenario][lib] = {"status": f"failed: {err[:40]}"}
-            else:
-                results[scenario][lib] = json.loads(proc.stdout)
-    print_table(results, blocks, sig_python, sig_how)
+            exe = sig_python if lib == "signified" else sys.executable
+            env = pure if lib == "ours-pure" else {}
+            row[lib] = _run_cell(exe, lib, scenario, per_block, blocks, env)
+        if foreign and kernel_dir is not None:
+            there = {"CELLDIALOG_BENCH_ROOT": kernel_dir}
+            beside_sig[scenario] = {
+                lib: _run_cell(sig_python, lib, scenario, per_block, blocks, {**there, **env})
+                for lib, env in (("ours", {}), ("ours-pure", pure))}
+    print_tables(results, beside_sig, blocks, sig_how if sig_python else f"skipped: {sig_how}",
+                 kernel_how)
     print(f"run took {time.perf_counter() - started:.0f} s; {_load()}.")
 
 
@@ -791,7 +872,7 @@ def _load() -> str:
     return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
-def _fmt(r: dict, key: str = "us") -> str:
+def _fmt(r: dict, key: str = "cpu_us") -> str:
     return f"{r[key]:.1f}" if r.get("status") == "ok" else r.get("status", "?")
 
 
@@ -800,88 +881,89 @@ def _glitches(r: dict) -> str:
     return str(r.get("inconsistent", "-")) + missed
 
 
-def _ratio(ours: dict, peer: dict, key: str = "us") -> str:
+def _ratio(ours: dict, peer: dict, key: str = "cpu_us") -> str:
     if ours.get("status") != "ok" or peer.get("status") != "ok":
         return "-"
     if ours.get("missed") or peer.get("missed"):
         return "-"  # a run that lost updates did less work: no fair ratio
-    return f"{peer[key] / ours[key]:.2f}"
+    flag = "!" if peer.get("inconsistent") else ""  # it timed wrong results
+    return f"{peer[key] / ours[key]:.2f}{flag}"
 
 
-def _versions(results: dict[str, dict[str, dict]]) -> dict[str, tuple[str, str]]:
-    """(Python version, library version) each library ran under, from its subprocesses."""
-    out: dict[str, tuple[str, str]] = {}
-    for row in results.values():
-        for lib, r in row.items():
-            if "python" in r and lib not in out:
-                out[lib] = (r["python"], r.get("version", ""))
-    return out
+def _first(results: dict[str, dict[str, dict]], lib: str, key: str) -> str:
+    return next((r[key] for row in results.values() if (r := row.get(lib, {})).get(key)), "")
 
 
-def print_table(results: dict[str, dict[str, dict]], blocks: int, sig_python: str | None,
-                sig_how: str) -> None:
-    versions = _versions(results)
-    pys: dict[str, list[str]] = {}
+def _table(title: str, head: list[tuple[str, int]], rows: list[list[str]]) -> None:
+    print(title)
+    line = " ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(head))
+    print(line)
+    print("-" * len(line))
+    for row in rows:
+        print(" ".join(f"{cell:>{w}}" if i else f"{cell:<{w}}"
+                       for i, (cell, (_, w)) in enumerate(zip(row, head, strict=True))))
+    print()
+
+
+def print_tables(results: dict[str, dict[str, dict]], beside_sig: dict[str, dict[str, dict]],
+                 blocks: int, sig_how: str, kernel_how: str) -> None:
+    py = platform.python_version()
+    versions = ", ".join(f"{lib} {v}" for lib in PEERS if (v := _first(results, lib, "version")))
+    print(f"CPU microseconds per write, median over {blocks} timed blocks after a warm-up block;"
+          f" Python {py}; {versions}")
+    print(f"ours: {_first(results, 'ours', 'kernel') or '?'}; "
+          f"ours-pure: {_first(results, 'ours-pure', 'kernel') or '?'}")
+    sig_py = _first(results, "signified", "python")
+    print(f"signified: {sig_how}" + (f" (Python {sig_py})" if sig_py else ""))
+    if beside_sig:
+        print(f"ours beside it, under Python {sig_py}: {kernel_how}; ours: "
+              f"{_first(beside_sig, 'ours', 'kernel') or '?'}")
+    print()
+    _table(
+        f"CPU, Python {py}",
+        [("scenario", 12), ("ours", 9), ("ours-pure", 9), ("pure/ours", 9), ("reaktiv", 9),
+         ("reactivex", 9), ("cells", 9), ("reaktiv/ours", 12), ("rx/ours", 8),
+         ("cells/ours", 10)],
+        [[s, _fmt(r["ours"]), _fmt(r["ours-pure"]), _ratio(r["ours"], r["ours-pure"]),
+          _fmt(r["reaktiv"]), _fmt(r["reactivex"]), _fmt(r["cells"]),
+          _ratio(r["ours"], r["reaktiv"]), _ratio(r["ours"], r["reactivex"]),
+          _ratio(r["ours"], r["cells"])] for s, r in results.items()])
+    mates = beside_sig or {s: {"ours": r["ours"], "ours-pure": r["ours-pure"]}
+                           for s, r in results.items()}
+    _table(
+        f"CPU, signified beside ours on one interpreter (Python {sig_py or py})",
+        [("scenario", 12), ("ours", 9), ("ours-pure", 9), ("signified", 10), ("sig/ours", 9),
+         ("sig/pure", 9)],
+        [[s, _fmt(mates[s]["ours"]), _fmt(mates[s]["ours-pure"]), _fmt(r["signified"]),
+          _ratio(mates[s]["ours"], r["signified"]), _ratio(mates[s]["ours-pure"], r["signified"])]
+         for s, r in results.items()])
+    _table(
+        "wall time, microseconds per write (median over the same blocks)",
+        [("scenario", 12), *((lib, 10) for lib in LIBS)],
+        [[s, *(_fmt(r[lib], "us") for lib in LIBS)] for s, r in results.items()])
+    _table(
+        "inconsistent values (missed updates)",
+        [("scenario", 12), *((lib, 10) for lib in LIBS), ("writes/block", 12)],
+        [[s, *(_glitches(r[lib]) for lib in LIBS),
+          str(next((x["per_block"] for x in r.values() if "per_block" in x), "-"))]
+         for s, r in results.items()])
     for lib in LIBS:
-        if lib in versions:
-            pys.setdefault(versions[lib][0], []).append(lib)
-    py_line = "; ".join(f"{'/'.join(libs)} under Python {py}" for py, libs in pys.items())
-    libs_line = ", ".join(f"{lib} {versions[lib][1]}" for lib in PEERS
-                          if lib in versions and versions[lib][1])
-    print(f"median us per write over {blocks} timed blocks after a warm-up block; "
-          f"{py_line}; {libs_line}")
-    if sig_python is None:
-        print(f"signified: skipped: {sig_how}")
-    else:
-        print(f"signified: {sig_how}")
-    print()
-    head = (f"{'scenario':<12} {'ours us/w':>10} {'reaktiv':>10} {'reactivex':>10} "
-            f"{'signified':>10} {'reaktiv/ours':>12} {'rx/ours':>8} {'sig/ours':>8} "
-            f"{'cells':>9} {'cells/ours':>10}   inconsistent (ours/reaktiv/rx/sig/cells)")
-    print(head)
-    print("-" * len(head))
-    for scenario, row in results.items():
-        o, k, x, g, c = (row[lib] for lib in LIBS)
-        inc = "/".join(_glitches(r) for r in (o, k, x, g, c))
-        print(f"{scenario:<12} {_fmt(o):>10} {_fmt(k):>10} {_fmt(x):>10} {_fmt(g):>10} "
-              f"{_ratio(o, k):>12} {_ratio(o, x):>8} {_ratio(o, g):>8} {_fmt(c):>9} "
-              f"{_ratio(o, c):>10}   {inc}")
-    print()
-    head = (f"{'minimum':<12} " + " ".join(f"{lib:>10}" for lib in LIBS)
-            + "   writes per block")
-    print(head)
-    print("-" * len(head))
-    for scenario, row in results.items():
-        per_block = next((r["per_block"] for r in row.values() if "per_block" in r), "-")
-        print(f"{scenario:<12} " + " ".join(f"{_fmt(row[lib], 'us_min'):>10}" for lib in LIBS)
-              + f"   {per_block}")
-    print()
-    head = (f"{'CPU':<12} " + " ".join(f"{lib:>10}" for lib in LIBS) + " "
-            + " ".join(f"{SHORT[lib] + '/ours':>12}" for lib in (*PEERS, "cells")))
-    print(head)
-    print("-" * len(head))
-    for scenario, row in results.items():
-        print(f"{scenario:<12} " + " ".join(f"{_fmt(row[lib], 'cpu_us'):>10}" for lib in LIBS)
-              + " " + " ".join(f"{_ratio(row['ours'], row[lib], 'cpu_us'):>12}"
-                               for lib in (*PEERS, "cells")))
-    print()
-    for lib in LIBS:
-        r = results["cellx-1000"][lib]
+        r = results.get("cellx-1000", {}).get(lib, {})
         if "ends" in r:
             print(f"cellx-1000 {lib}: before {r['ends'][0]} after {r['ends'][1]} "
                   f"(known: before [-3, -6, -2, 2] after [-2, -4, 2, 3])")
     for lib in LIBS:
-        r = results["cutoff"][lib]
+        r = results.get("cutoff", {}).get(lib, {})
         if "tail_runs" in r:
             print(f"cutoff {lib}: tail nodes ran {r['tail_runs']} times over all writes")
-    print("inconsistent: values an observer saw that the oracle does not produce for the"
-          " inputs at that moment; missed: updates an observer never saw.")
-    print("us/w: microseconds per write (cellx: per batch of 4; batch-1000: per batch of 1,000)."
-          " ratios: peer time / our time, > 1 means we are faster.")
-    print("first table: median wall time over blocks; minimum: the fastest block; CPU: median"
-          " CPU time of the subprocess (steadier than wall time on a busy machine).")
-    print("ours: the reactive kernel (runtime.signals); cells: the same graph as stored and"
-          " computed cells, each write a committed transaction; cells/ours: its cost factor.")
+    print("inconsistent: values an observer saw that the oracle (run after the timed blocks)"
+          " does not produce for the inputs at that moment; missed: updates never seen.")
+    print("ratios: peer time / our time, > 1 means we are faster; `!`: the peer showed"
+          " inconsistent values (it timed wrong results); `-`: a run missed updates or failed.")
+    print("us per write: cellx per batch of 4 writes, batch-1000 per batch of 1,000.")
+    print("ours: the reactive kernel (runtime.cells.signals) as installed; ours-pure: the same"
+          " source as pure Python (CELLDIALOG_PURE_KERNEL=1); cells: the same graph as stored"
+          " and computed cells, each write a committed transaction.")
     print("doc-10000: a computed sums a field over a 10,000-item list; each write changes one"
           " item (kernels and peers: a new list with one new item; cells: a path write into a"
           " document with a JSON Schema, checked at every commit).")

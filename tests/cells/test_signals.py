@@ -1,4 +1,5 @@
-"""The reactive kernel (runtime/signals.py): properties against a naive oracle, and examples.
+"""The reactive kernel (runtime/cells/_kernel.py, through its front runtime/cells/signals.py):
+properties against a naive oracle, and examples.
 
 The property test builds random DAGs of signals and computeds (some with dynamic branches,
 some with value cutoffs), observes random subsets with effects, and applies random writes,
@@ -21,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.cells import _kernel as kernel  # the one the front chose: compiled or pure
 from runtime.cells import signals
 from runtime.cells.signals import (
     Computed,
@@ -36,12 +38,12 @@ from runtime.cells.signals import (
 @pytest.fixture(autouse=True)
 def kernel_state_is_clean_after_each_test() -> Iterator[None]:
     yield
-    g = signals._G
-    state = (g.active, g.depth, g.batch, g.flushing)
-    queued = [e for e in g.queue if e.flags & signals._QUEUED]
-    g.active, g.depth, g.batch, g.flushing = None, 0, 0, False  # don't fail the next test too
+    g = kernel._G
+    state = (g.active, g.depth, g.batch, g.flushing, g.pos)
+    queued = [e for e in g.queue if e.flags & kernel._QUEUED]
+    g.active, g.depth, g.batch, g.flushing, g.pos = None, 0, 0, False, 0  # don't fail the next
     g.queue.clear()
-    assert state == (None, 0, 0, False)
+    assert state == (None, 0, 0, False, 0)
     assert not queued, f"effects left queued: {queued}"
 
 
@@ -194,12 +196,13 @@ def scenarios(
 
 @contextmanager
 def max_depth(depth: int) -> Iterator[None]:
-    saved = signals.MAX_DEPTH
-    signals.MAX_DEPTH = depth
+    g = kernel._G
+    saved = g.max_depth
+    g.max_depth = depth
     try:
         yield
     finally:
-        signals.MAX_DEPTH = saved
+        g.max_depth = saved
 
 
 class Observer:
@@ -293,7 +296,7 @@ class Harness:
         need = demanded(vals, deps, [o.spec for o in self.live()])
         kind = step[0]
         # (runs cut short by the depth driver don't count, when it can cut anything short)
-        runs = self.started if signals.MAX_DEPTH > len(self.nodes) else self.finished
+        runs = self.started if kernel._G.max_depth > len(self.nodes) else self.finished
         for idx in range(self.n_src, len(self.nodes)):
             name = f"c{idx} {self.specs[idx - self.n_src]}"
             # (b) at most once per commit
