@@ -40,6 +40,10 @@ from .scope import Scope
 
 __all__ = ["PATTERN_REF", "Instance", "Runtime", "current_instance", "current_runtime"]
 
+# An awaited send yields to other tasks when this many seconds have passed since the last
+# one that did (0: every send yields); every send is a cancellation point. See Runtime.send.
+SEND_YIELD_EVERY = 0.001
+
 
 def current_instance() -> Instance:
     """The instance whose handler is running in this task (``PatternError`` outside a
@@ -130,6 +134,8 @@ class Runtime:
     thousands of live instances (``runtime.cells.collector``). Process-wide: for an
     application that owns its process, as ``celldialog serve`` does.
     """
+
+    _yield_at = 0.0  # time.monotonic() from which the next awaited send yields (send())
 
     def __init__(self, store: str | Store = "memory", *,
                  clock: Callable[[], float] = time.time,
@@ -416,17 +422,27 @@ class Runtime:
         self._tg.start_soon(tracked, name=name)
 
     async def send(self, stream: Stream, event: Any) -> None:
-        """Send ``event`` to ``stream`` and run it (and anything queued before it); raises
-        the handler's error if it failed (then it committed nothing)."""
+        """Send ``event`` to ``stream`` and run it (and anything queued before it), in this
+        task; raises the handler's error if it failed (then it committed nothing).
+
+        A cancellation point every time (a cancelled sender's event has run, and the
+        sender gets the cancellation, as at any checkpoint after the work). It yields to
+        other tasks only once ``SEND_YIELD_EVERY`` seconds have passed since the last send
+        that yielded: a turn of the event loop costs about as much as a small handler's
+        whole event, and a task sending in a loop still leaves the loop to others at least
+        that often (plus one handler's run)."""
         if current_transaction() is not None:
             raise StreamError(
                 f"await rt.send({stream.name!r}, ...) inside an open transaction would run the "
                 "handler in the middle of it: send after the `with rt.transaction()` block"
             )
-        ev = self.scheduler.enqueue(stream, event)
-        ev.awaited = True
-        self.scheduler.drain()
-        await anyio.lowlevel.checkpoint()
+        ev = self.scheduler.run_now(stream, event)
+        now = time.monotonic()
+        if now >= self._yield_at:
+            self._yield_at = now + SEND_YIELD_EVERY
+            await anyio.lowlevel.checkpoint()
+        else:
+            await anyio.lowlevel.checkpoint_if_cancelled()
         if ev.error is not None:
             raise ev.error
 

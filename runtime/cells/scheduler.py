@@ -4,6 +4,10 @@ Events sent while a handler runs (``stream.send`` inside it) are held with its t
 and queued only if it commits. Each event remembers which event caused it; a causal chain
 longer than ``MAX_CHAIN`` is a cycle (handlers and sinks re-triggering each other) and is
 reported with the handlers involved instead of spinning forever.
+
+Whoever drains the queue runs its events, synchronously: an awaited send (``run_now``) in
+the sender's task, ``idle()``/``settled()`` in theirs, the runtime's pump for events queued
+with nobody waiting. ``wake`` is called only for an event no drain under way will reach.
 """
 
 from __future__ import annotations
@@ -39,12 +43,13 @@ CONFLICT_RETRIES = 3  # reruns of a handler whose commit met another process's w
 class Event:
     __slots__ = ("awaited", "depth", "error", "parent", "payload", "stream")
 
-    def __init__(self, stream: Stream, payload: Any, parent: Event | None) -> None:
+    def __init__(self, stream: Stream, payload: Any, parent: Event | None,
+                 awaited: bool = False) -> None:
         self.stream = stream
         self.payload = payload
         self.parent = parent
         self.depth = parent.depth + 1 if parent else 0
-        self.awaited = False  # a sender waits for it: errors go to them, not to rt.errors
+        self.awaited = awaited  # a sender waits for it: errors go to them, not to rt.errors
         self.error: BaseException | None = None
 
 
@@ -75,6 +80,20 @@ class Scheduler:
             own.outbox.append((stream, payload))
             return Event(stream, payload, self.current)
         return self._push(stream, payload, self.current)
+
+    def run_now(self, stream: Stream, payload: Any) -> Event:
+        """An awaited send from outside any transaction (``Runtime.send``): the event joins
+        the queue behind what already waits there and the caller's task drains the queue,
+        so it has run (after those, before this returns) with no task switch. Nothing wakes
+        the pump for it: the pump would find nothing left to run. The caller checks that
+        no transaction is open."""
+        ev = Event(stream, self._checked(stream, payload), self.current, awaited=True)
+        if ev.depth > self.max_chain:
+            raise _chain_cycle(ev, self.max_chain)
+        self.queue.append(ev)
+        if not self._draining:
+            self._drain()
+        return ev
 
     def deliver(self, stream: Stream, payload: Any) -> None:
         """Run ``stream``'s handler on ``payload`` now, inside the calling task's open
@@ -124,7 +143,8 @@ class Scheduler:
         if ev.depth > self.max_chain:
             raise _chain_cycle(ev, self.max_chain)
         self.queue.append(ev)
-        self._wake()
+        if not self._draining:  # a drain under way runs it; no need to wake anyone
+            self._wake()
         return ev
 
     def drain(self) -> None:
@@ -132,12 +152,18 @@ class Scheduler:
         so does a call made while a transaction is open: its events wait for the commit)."""
         if self._draining or current_transaction() is not None:
             return
+        self._drain()
+
+    def _drain(self) -> None:
         self._draining = True
+        queue, run = self.queue, self._run
         try:
-            while self.queue:
-                self._run(self.queue.popleft())
+            while queue:
+                run(queue.popleft())
         finally:
             self._draining = False
+            if queue:  # left by an error that escaped a handler run: the pump takes over
+                self._wake()
 
     def _run(self, ev: Event) -> None:
         """Run one event's handler in its own transaction. If the commit finds that another
@@ -189,9 +215,13 @@ def _call(stream: Stream, payload: Any, tx: Transaction) -> None:
         event = handler.event_model.model_validate(event)
     elif _asks_for_cells(handler.event_schema):
         event = _live(event, handler.event_schema, tx.docs, stream.key)
-    with tx.bound(), signals.untracked():
-        returned = handler.fn(event, **stream.bindings)
-    if inspect.isawaitable(returned):
+    token = tx.bind()  # bound() without its generator-based context manager: per event
+    try:
+        with signals.untracked():
+            returned = handler.fn(event, **stream.bindings)
+    finally:
+        tx.unbind(token)
+    if returned is not None and inspect.isawaitable(returned):
         if hasattr(returned, "close"):
             returned.close()  # never awaited: don't leave a warning behind
         raise PatternError(
