@@ -69,6 +69,9 @@ log = logging.getLogger("celldialog")
 _tx: ContextVar[Transaction | None] = ContextVar("celldialog_transaction", default=None)
 
 
+_current_subscriber = signals.current_subscriber  # asked on every read
+
+
 def current_transaction() -> Transaction | None:
     """The transaction open in this task, if any. A task started inside another task's
     transaction inherits the context variable, not the transaction: it has none."""
@@ -83,23 +86,25 @@ if sys.version_info < (3, 12):  # asyncio.current_task() is Python code there: r
     from asyncio.events import _get_running_loop
     from asyncio.tasks import _current_tasks
 
-    def _current_task() -> Any:
+    def _task_id() -> int | None:
+        """The running task's identity: asyncio's own where it runs (every cell read and
+        write asks), anyio's for other backends, None in plain synchronous code."""
         loop = _get_running_loop()
-        return _current_tasks.get(loop) if loop is not None else None
+        task = _current_tasks.get(loop) if loop is not None else None
+        return id(task) if task is not None else _other_task_id()
 else:
-    def _current_task() -> Any:
+    def _task_id() -> int | None:
+        """The running task's identity: asyncio's own where it runs (every cell read and
+        write asks), anyio's for other backends, None in plain synchronous code."""
         try:
-            return asyncio.current_task()  # C from 3.12 on
+            task = asyncio.current_task()  # C from 3.12 on
         except RuntimeError:  # no asyncio loop running here
-            return None
+            task = None
+        return id(task) if task is not None else _other_task_id()
 
 
-def _task_id() -> int | None:
-    """The running task's identity: asyncio's own where it runs (every cell read and
-    write asks), anyio's for other backends, None in plain synchronous code."""
-    task = _current_task()
-    if task is not None:
-        return id(task)
+def _other_task_id() -> int | None:
+    """Not in an asyncio task: anyio's id of the task (another backend), or None."""
     try:
         return anyio.get_current_task().id
     except Exception:  # no event loop: plain synchronous code
@@ -453,20 +458,20 @@ class Documents:
         """The document's value: the open transaction's version for the task that owns
         it, the committed one (tracked by the kernel) for everyone else."""
         tx = _tx.get()
-        if tx is not None and tx.docs is self and signals.current_subscriber() is None \
+        if tx is not None and tx.docs is self and _current_subscriber() is None \
                 and (tx.task is None or tx.task == _task_id()):
             pending = tx.pending.get(key)
             if pending is None:
                 # the version this transaction's view of the document is based on: a commit
                 # after another task's commit to it is a conflict, not a lost update
-                doc = self.doc(key)
+                doc = self._docs.get(key) or self.doc(key)
                 if not doc.derived:
                     tx.pending[key] = _Pending(doc.version)
                     tx.created.append(key)
                 return doc.node.get()
             if pending.ops:
                 return tx.view(key, pending)
-        return self.doc(key).node.get()
+        return (self._docs.get(key) or self.doc(key)).node.get()
 
     def resolve(self, key: DocKey, path: Path, *, follow_last: bool = True
                 ) -> tuple[DocKey, Path, Any]:
