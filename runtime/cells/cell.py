@@ -11,7 +11,7 @@ from ..storage import DocKey
 from . import signals
 from .documents import Documents, Transaction, TxState, _missing
 from .equality import same
-from .jsonpath import MISSING, Path, check_json, copy_json, is_link, pointer
+from .jsonpath import MISSING, Path, check_json, copy_json, copy_plain, is_link, pointer
 from .links import check_written, make_link, parse_link
 from .schema import subschema
 
@@ -333,6 +333,9 @@ def accept_json(docs: Documents, value: Any, where: Callable[[], str], key: DocK
     ``schema``), its links admitted by the one policy (``links.check_written``: links in
     the data only where the schema asks for one, every link followable and not into
     itself)."""
+    plain = copy_plain(value, len(path))  # the common case: plain data, no link in it
+    if plain is not MISSING:
+        return plain
     links: list[Path] = []
     made: list[Path] = []
     value = check_json(value, where, depth=len(path), links=links, made=made)

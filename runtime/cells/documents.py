@@ -18,6 +18,7 @@ task or process committed in between fails with ``ConflictError`` and changes no
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from collections import deque
@@ -769,10 +770,11 @@ class Transaction:
             compiled = doc.compiled
             if compiled is None:
                 continue
+            post = functools.partial(self.post, key)  # made once per document, not per write
+            where = functools.partial(_write_to, doc)
             try:
                 for path, value in pending.ops:
-                    compiled.check_write(path, value, lambda prefix, k=key: self.post(k, prefix),
-                                         lambda d=doc: f"write to {d.describe()}")
+                    compiled.check_write(path, value, post, where)
             except SchemaError as e:
                 paths = dict.fromkeys(pointer(p) or "/" for p, _ in pending.ops)
                 e.args = (f"{e.args[0]}; nothing was committed (wrote {', '.join(paths)})",)
@@ -823,6 +825,10 @@ class Transaction:
         if not docs.applying:
             docs.notify()
         return records
+
+
+def _write_to(doc: Doc) -> str:
+    return f"write to {doc.describe()}"
 
 
 def _cancelled_out(doc: Doc, pending: _Pending) -> bool:

@@ -148,6 +148,16 @@ def check_json(value: Any, where: str | Callable[[], str] = "value", *, depth: i
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def copy_plain(value: Any, depth: int = 0) -> Any:
+    """``value`` copied, when it is plain JSON holding no link and nothing to convert (a
+    ``Cell``, a pydantic model): the common case of a write, in one quick pass. Otherwise
+    ``MISSING``: ``check_json`` then says what is wrong or where the links are."""
+    try:
+        return _plain(value, depth)
+    except (_HasLinks, _Bad):
+        return MISSING
+
+
 class _Bad(Exception):
     """The fast pass found something that is not JSON (the slow pass says where)."""
 
