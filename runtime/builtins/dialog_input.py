@@ -158,6 +158,21 @@ class TypedHistory:
         self._raw: list[Any] = []
         self._typed: list[Message] = []
 
+    def load_cell(self, messages: Any) -> tuple[Message, ...]:
+        """The history a ``messages`` cell holds, as messages: the whole list is compared
+        with what was validated last time without copying it (``Cell.raw(copy=False)``),
+        and only messages that differ are read (links followed) and validated. A list kept
+        short of ``KEEP_FROM`` is read whole, as ``load`` reads it."""
+        live = messages.raw(copy=False)
+        old = self._raw
+        if not isinstance(live, list) or len(live) < KEEP_FROM or not old:
+            return self.load(messages.get())
+        n, limit = 0, min(len(old), len(live))
+        while n < limit and same(old[n], live[n]):
+            n += 1
+        # the rest, read as get() reads it (links followed, a copy of each)
+        return self.load(old[:n] + [messages.key(i).get() for i in range(n, len(live))])
+
     def load(self, raw: Any) -> tuple[Message, ...]:
         """``raw`` (the messages cell's value, a copy this takes over) as messages."""
         if not isinstance(raw, list):

@@ -30,7 +30,16 @@ from typing import Any
 import anyio
 
 from .._text import scrub_text
-from ..cells import BuiltinNode, Cell, Runtime, Stream, Transaction, current_runtime, validate
+from ..cells import (
+    BuiltinNode,
+    Cell,
+    Runtime,
+    Stream,
+    Transaction,
+    current_runtime,
+    is_link,
+    validate,
+)
 from ..errors import ConflictError, PatternError, SchemaError
 from ..llm import (
     TOOL_CANCELLED,
@@ -405,7 +414,7 @@ class _DialogNode:
         """Inside a transaction: every call of the history's last step without a result gets
         one (``known`` where the call finished, else an error saying ``content``), so the
         history stays valid for every provider."""
-        unanswered = unanswered_calls(self.messages.get())
+        unanswered = unanswered_calls(_last_step(self.messages))
         if unanswered:
             self.messages.push(Message(role=Role.USER, blocks=tuple(
                 known.get(i) or ToolResult(tool_use_id=i, content=content, is_error=True)
@@ -434,7 +443,7 @@ class _DialogNode:
             run.management = Management(rt, pins=self.pins, space=self.node.space,
                                         own_streams=self.own_streams,
                                         scope=self.node.scope.key)
-            history = self.typed.load(self.messages.get())
+            history = self.typed.load_cell(self.messages)
             stable = len(history)
             tools = tuple(s.tool for s in self.catalog.values())
             cache = CacheHint(prefix=True, stable_messages=stable, key=self.node.cause)
@@ -768,3 +777,18 @@ def _fits(tool: Tool, arguments: dict[str, Any]) -> bool:
     except (SchemaError, RecursionError):  # refused, or too deep to say: the engine says
         return False
     return True
+
+
+def _last_step(messages: Cell) -> list[Any]:
+    """The history from its last assistant message on (what ``unanswered_calls`` reads),
+    read without copying the rest: a turn must not cost what the whole history costs."""
+    raw = messages.raw(copy=False)
+    if not isinstance(raw, list):
+        return messages.get()
+    for i in range(len(raw) - 1, -1, -1):
+        item = raw[i]
+        if not isinstance(item, dict) or is_link(item):
+            return messages.get()  # unusual: read it all, links followed
+        if item.get("role") == Role.ASSISTANT.value:
+            return [messages.key(j).get() for j in range(i, len(raw))]
+    return []

@@ -86,3 +86,38 @@ def test_a_short_history_is_not_kept(monkeypatch: pytest.MonkeyPatch,
     cache.load(copy.deepcopy(raw))
     cache.load(copy.deepcopy(raw))
     assert len(validated) == 7  # three read, then kept
+
+
+def test_a_cells_history_is_read_again_where_it_changed(monkeypatch: pytest.MonkeyPatch,
+                                                        validated: list[dict]) -> None:
+    """``load_cell`` compares the live list without copying it; a message changed in place
+    (a write inside it) is read again, and a link in the history is followed."""
+    import anyio
+
+    from runtime import Runtime, cell, pattern
+
+    monkeypatch.setattr(dialog_input, "KEEP_FROM", 2)
+
+    @pattern(name="typed-history")
+    def hist():
+        return {"messages": cell([_msg("user", "one"), _msg("assistant", "two")],
+                                 name="messages"),
+                "other": cell(_msg("user", "linked"), name="other")}
+
+    async def main() -> None:
+        async with Runtime(store="memory") as rt:
+            res = rt.run(hist).result
+            messages, other = res.key("messages").resolve(), res.key("other").resolve()
+            cache = TypedHistory()
+            first = cache.load_cell(messages)
+            assert [m.text_content() for m in first] == ["one", "two"]
+            seen = len(validated)
+            messages.key(1, "blocks", 0, "text").set("TWO")  # in place, inside message 1
+            again = cache.load_cell(messages)
+            assert [m.text_content() for m in again] == ["one", "TWO"]
+            assert again[0] is first[0] and len(validated) == seen + 1
+            messages.push(other)  # a link to another cell's message
+            linked = cache.load_cell(messages)
+            assert [m.text_content() for m in linked] == ["one", "TWO", "linked"]
+
+    anyio.run(main)
