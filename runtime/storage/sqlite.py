@@ -74,6 +74,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -239,31 +240,33 @@ _BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (low byte of the extended cod
 
 
 
-def _encoder() -> Callable[[Any], str]:
-    """Compact JSON, the encoder made once: ``json.dumps`` (and ``JSONEncoder.encode``)
-    build a new one per call, which costs more than encoding a small patch. Without the C
-    accelerator, ``JSONEncoder.encode``. Same text either way (NaN and infinities as
+def _encoder() -> Callable[[Any, int], Iterable[str]]:
+    """Compact JSON as chunks (joined by the caller, so encoding is one call from
+    Python), the encoder made once: ``json.dumps`` (and ``JSONEncoder.encode``) build a
+    new one per call, which costs more than encoding a small patch. Without the C
+    accelerator, ``JSONEncoder.iterencode``. Same text either way (NaN and infinities as
     ``json.dumps`` writes them); no circular-reference check (a cycle hits the recursion
     limit instead, and is refused all the same)."""
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
-        return json.JSONEncoder(separators=(",", ":")).encode
+        iterencode = json.JSONEncoder(separators=(",", ":")).iterencode
+        return lambda value, _indent: iterencode(value)
 
     def default(value: Any) -> Any:
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
-    chunks = make(None, default, json.encoder.encode_basestring_ascii, None, ":", ",",
-                  False, False, True)
-    return lambda value: "".join(chunks(value, 0))
+    chunks: Callable[[Any, int], Iterable[str]] = make(
+        None, default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+    return chunks
 
 
-_ENCODE = _encoder()
+_CHUNKS = _encoder()  # _CHUNKS(value, 0): the value's JSON text in chunks
 _UNKNOWN: Any = object()  # a cached document's value the store does not keep
 
 
 def _dumps(key: DocKey, value: Any) -> str:
     try:
-        return _ENCODE(value)
+        return "".join(_CHUNKS(value, 0))
     except (TypeError, ValueError, RecursionError) as e:
         raise StorageError(f"cannot store {describe(key)}: the value is not JSON ({e})") from e
 
@@ -339,6 +342,9 @@ class SQLiteStore:
         return self._run("load()", lambda: self._load(key))
 
     def commit(self, writes: Sequence[Write]) -> dict[DocKey, int]:
+        if (len(writes) == 1 and not self._watched and self._watches < 2
+                and writes[0].expect is not None):
+            return self._run("commit()", self._commit_one, writes[0])  # the usual commit
         if not writes:
             self._open_db("commit()")
             return {}
@@ -453,37 +459,52 @@ class SQLiteStore:
 
     def _run(self, what: str, op: Callable[..., T], *args: Any) -> T:
         """``op(*args)``, retried while the database is locked, up to ``busy_timeout`` in all;
-        sqlite3 errors come out as ``StorageError``."""
-        db = self._open_db(what)
+        sqlite3 errors come out as ``StorageError``. The first try is made here, the retries
+        (rare) in ``_retry``."""
+        db = self._db
+        if db is None:
+            self._open_db(what)  # raises
         deadline = time.monotonic() + self.busy_timeout
+        try:
+            return op(*args)
+        except sqlite3.Error as e:
+            error = e
+        assert db is not None
+        return self._retry(db, what, deadline, error, op, args)
+
+    def _retry(self, db: sqlite3.Connection, what: str, deadline: float, error: sqlite3.Error,
+               op: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """After ``op`` failed with ``error``: raise it as a ``StorageError``, or wait and try
+        again while the database is locked, until ``deadline``."""
         shortened = False
         try:
             while True:
+                _rollback(db)
+                left = deadline - time.monotonic()
+                if not _is_busy(error):
+                    raise StorageError(
+                        f"SQLite store {self.path!r}: {what} failed: {error}"
+                    ) from error
+                if left <= 0:
+                    raise StoreBusyError(
+                        f"SQLite store {self.path!r}: {what} waited {self.busy_timeout:g} s "
+                        f"(busy_timeout) for a lock another connection holds; nothing was "
+                        f"committed. Retry later, end the other process's long "
+                        f"transaction, or wait longer: SQLiteStore(path, busy_timeout=30) "
+                        f"or 'sqlite:///path?busy_timeout=30'"
+                    ) from error
+                # SQLite refused without waiting (or waited in vain): retry, bounded
+                time.sleep(min(left, random.uniform(0.001, 0.02)))
+                left = max(deadline - time.monotonic(), 0.001)
+                try:  # each statement's own wait must end by the deadline too
+                    db.execute(f"PRAGMA busy_timeout={int(left * 1000) or 1}")
+                    shortened = True
+                except sqlite3.Error:
+                    pass
                 try:
                     return op(*args)
                 except sqlite3.Error as e:
-                    _rollback(db)
-                    left = deadline - time.monotonic()
-                    if not _is_busy(e):
-                        raise StorageError(
-                            f"SQLite store {self.path!r}: {what} failed: {e}"
-                        ) from e
-                    if left <= 0:
-                        raise StoreBusyError(
-                            f"SQLite store {self.path!r}: {what} waited {self.busy_timeout:g} s "
-                            f"(busy_timeout) for a lock another connection holds; nothing was "
-                            f"committed. Retry later, end the other process's long "
-                            f"transaction, or wait longer: SQLiteStore(path, busy_timeout=30) "
-                            f"or 'sqlite:///path?busy_timeout=30'"
-                        ) from e
-                    # SQLite refused without waiting (or waited in vain): retry, bounded
-                    time.sleep(min(left, random.uniform(0.001, 0.02)))
-                    left = max(deadline - time.monotonic(), 0.001)
-                    try:  # each statement's own wait must end by the deadline too
-                        db.execute(f"PRAGMA busy_timeout={int(left * 1000) or 1}")
-                        shortened = True
-                    except sqlite3.Error:
-                        pass
+                    error = e
         finally:
             if shortened and self._db is db:
                 try:
@@ -550,7 +571,8 @@ class SQLiteStore:
     def _commit(self, writes: Sequence[Write]) -> dict[DocKey, int]:
         """Plan the writes (see ``_plan``), then send them: on the quiet path while no other
         store watches, else in one ``BEGIN IMMEDIATE`` transaction with the feed's rows."""
-        db = self._open_db("commit()")
+        db = self._db
+        assert db is not None  # _run checked
         plan, unconditional = self._plan(db, writes)
         if (self._watched or unconditional or self._watches > 1
                 or not self._quiet(db, plan)):
@@ -558,24 +580,85 @@ class SQLiteStore:
         out: dict[DocKey, int] = {}
         cache = self._cache
         for step in plan:  # in order: a key's last step is what the file holds now
-            key, after = step.key, step.after
+            key = step.key
             out[key] = step.new
-            cache[key] = after if after.version == step.new else after._replace(
-                version=step.new)
+            cache[key] = step.known(step.new)
             cache.move_to_end(key)
         while len(cache) > CACHED_DOCS:
             cache.popitem(last=False)
         return out
 
+    def _commit_one(self, w: Write) -> dict[DocKey, int]:
+        """The usual commit, one conditional write while no other store watches: what
+        ``_commit`` does for it, without the bookkeeping of several writes. A whole value
+        (``Write.value``, or a patch that only assigns the empty path: ``cell.set``) of a
+        document without a log is its one guarded statement, with no step object; a patch
+        appended is the quiet path's transaction, sent here."""
+        db = self._db
+        key, expect, patch = w.key, w.expect, w.patch
+        assert db is not None and expect is not None  # _run and commit checked
+        cache = self._cache
+        known = cache.pop(key, None)  # stays out if the commit fails (see ``_plan``)
+        if known is not None and known.version != expect:
+            known = None  # another version (a stale entry): no use to this write
+        new = expect + 1
+        if patch is None:
+            value, text = _UNKNOWN, _dumps(key, w.value)
+        else:
+            value = _sole_value(patch)
+            text = None if value is MISSING else _dumps(key, value)
+        if text is not None and (expect == 0 or known is None or not known.has_log):
+            if expect == 0:
+                done = db.execute(_CREATE[1], (*key, text, self._origin, time.time()))
+            else:
+                done = db.execute(_PUT[1], (new, text, *key, expect, self._origin,
+                                            time.time()))
+            if done.rowcount != 1:  # nothing written: a conflict, a watcher or a log
+                step = _Step(key, expect, _BASE, text, value, 0, len(text), False)
+                self._locked(db, [step])
+            cache[key] = _known((new, value, 0, len(text), False))  # the newest entry
+        else:
+            step = (self._patched(db, key, expect, patch, known) if text is None
+                    else _Step(key, expect, _BASE, text, value, 0, len(text), True))
+            if not (self._append(db, step, new) if step.kind is _APPEND
+                    else self._quiet(db, [step])):
+                self._locked(db, [step])
+            cache[key] = step.known(new)
+        if len(cache) > CACHED_DOCS:
+            cache.popitem(last=False)
+        return {key: new}
+
+    def _append(self, db: sqlite3.Connection, step: _Step, new: int) -> bool:
+        """``_quiet`` for one patch appended: ``BEGIN IMMEDIATE``, the head moved (guarded),
+        the log row, ``COMMIT``; False, with nothing written, when the head's statement
+        matched no row."""
+        step.new = new
+        key = step.key
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if step.had_log:
+                done = db.execute(_NEXT_HEAD[1], (new, step.log_size, *key, step.expect,
+                                                  self._origin, time.time()))
+            else:
+                done = db.execute(_FIRST_HEAD[1], (new, step.log_size, step.base_size, *key,
+                                                   step.expect, self._origin, time.time()))
+            if done.rowcount != 1:
+                _rollback(db)
+                return False
+            db.execute(_LOG_ROW, (*key, new, step.text))
+            db.execute("COMMIT")
+        except BaseException:
+            _rollback(db)
+            raise
+        return True
+
     def _plan(self, db: sqlite3.Connection, writes: Sequence[Write]
               ) -> tuple[list[_Step], bool]:
-        """Each write as a step, serialised and checked before any statement is sent, and
-        whether one is unconditional (``expect`` None). A patch is checked against the
-        value it applies to, taken out of the cache (a committed version never changes,
-        and the write checks the version) or read; one that assigns the whole value (the
-        empty path), or would make the log outgrow its base, is written as the whole
-        value, a new base; any other is appended to the log. Cache entries taken stay out
-        if the commit fails (they may be half-patched)."""
+        """Each write as a step (``_step``), serialised and checked before any statement is
+        sent, and whether one is unconditional (``expect`` None). A write's value comes
+        from the cache (a committed version never changes, and the write checks the
+        version), or from an earlier write of the same key in this commit. Cache entries
+        taken stay out if the commit fails (they may be half-patched)."""
         cache = self._cache
         several = len(writes) > 1
         state: dict[DocKey, _Known] = {}  # this commit's view of each key it writes
@@ -584,58 +667,75 @@ class SQLiteStore:
         plan: list[_Step] = []
         unconditional = False
         for i, w in enumerate(writes):
-            key, expect, patch = w.key, w.expect, w.patch
+            key, expect = w.key, w.expect
             known = state.pop(key, None) if several else None
             if known is None:
                 known = cache.pop(key, None)
             # ``-1``: the version of an unconditional write earlier in this commit
             if known is not None and known.version != expect and known.version != -1:
                 known = None  # another version (a stale entry): no use to this write
-            had_log = known is not None and known.has_log
-            if patch is None:
-                unconditional = unconditional or expect is None
-                text = _dumps(key, w.value)
-                # a patch of this key later in this commit applies to this value: a copy
-                value = copy_value(w.value) if patched_at.get(key, -1) > i else _UNKNOWN
-                step = _Step(key, expect, _BASE, text, value, 0, len(text), had_log)
-            else:
-                if _rooted(patch):  # the whole value first: no need of the current one
-                    value = apply_patch(key, MISSING, patch)
-                    whole = True
-                else:
-                    cached = False
-                    if expect == 0:
-                        base = MISSING  # apply_patch says a new document starts at ()
-                    else:
-                        if known is None or known.value is _UNKNOWN:
-                            known = self._read_known(db, key, expect)  # type: ignore[arg-type]
-                            had_log = known.has_log
-                        else:
-                            cached = True
-                        base = known.value
-                    try:
-                        value = apply_patch(key, base, patch)
-                    except StorageError:
-                        if cached:  # a path the file's newer version may not have: stale?
-                            self._stale(db, key, expect)  # type: ignore[arg-type]
-                        raise
-                    whole = base is MISSING or _rooted_later(patch)
-                if not whole:
-                    assert known is not None
-                    text = self._patch_text(key, patch)
-                    log_size = known.log_size + len(text)
-                    whole = log_size > known.base_size  # the log would outgrow the base
-                if whole:
-                    text = _dumps(key, value)
-                    step = _Step(key, expect, _BASE, text, value, 0, len(text), had_log)
-                else:
-                    assert known is not None
-                    step = _Step(key, expect, _APPEND, text, value, log_size,
-                                 known.base_size, had_log)
+            unconditional = unconditional or expect is None
+            # a patch of this key later in this commit applies to this value: keep a copy
+            step = self._step(db, w, known, patched_at.get(key, -1) > i)
             plan.append(step)
-            if several:
-                state[key] = step.after
+            if several:  # version -1: after an unconditional write
+                state[key] = step.known(-1 if expect is None else expect + 1)
         return plan, unconditional
+
+    def _step(self, db: sqlite3.Connection, w: Write, known: _Known | None, keep: bool
+              ) -> _Step:
+        """One write as a step: a whole value as a new base (``keep``: with a copy of a
+        ``Write.value``, for a later patch of it in the commit), a patch as ``_patched``
+        says."""
+        key, expect, patch = w.key, w.expect, w.patch
+        if patch is None:
+            text = _dumps(key, w.value)
+            value = copy_value(w.value) if keep else _UNKNOWN
+        else:
+            value = _sole_value(patch)
+            if value is MISSING:
+                return self._patched(db, key, expect, patch, known)
+            text = _dumps(key, value)
+        return _Step(key, expect, _BASE, text, value, 0, len(text),
+                     known is not None and known.has_log)
+
+    def _patched(self, db: sqlite3.Connection, key: DocKey, expect: int | None, patch: Any,
+                 known: _Known | None) -> _Step:
+        """A patch as a step, checked against the value it applies to (``known``'s, else
+        read). One that assigns the whole value (the empty path), or would make the log
+        outgrow its base, is written as the whole value, a new base; any other is
+        appended to the log."""
+        had_log = known is not None and known.has_log
+        if _rooted(patch):  # the whole value first: no need of the current one
+            value = apply_patch(key, MISSING, patch)
+            whole = True
+        else:
+            cached = False
+            if expect == 0:
+                base = MISSING  # apply_patch says a new document starts at ()
+            else:
+                if known is None or known.value is _UNKNOWN:
+                    known = self._read_known(db, key, expect)  # type: ignore[arg-type]
+                    had_log = known.has_log
+                else:
+                    cached = True
+                base = known.value
+            try:
+                value = apply_patch(key, base, patch)
+            except StorageError:
+                if cached:  # a path the file's newer version may not have: stale?
+                    self._stale(db, key, expect)  # type: ignore[arg-type]
+                raise
+            whole = base is MISSING or _rooted_later(patch)
+        if not whole:
+            assert known is not None
+            text = self._patch_text(key, patch)
+            log_size = known.log_size + len(text)
+            if log_size <= known.base_size:  # else the log would outgrow the base
+                return _Step(key, expect, _APPEND, text, value, log_size, known.base_size,
+                             had_log)
+        text = _dumps(key, value)
+        return _Step(key, expect, _BASE, text, value, 0, len(text), had_log)
 
     def _read_known(self, db: sqlite3.Connection, key: DocKey, expect: int) -> _Known:
         """The document at ``expect`` (a patch's base), read in one snapshot; another
@@ -657,7 +757,7 @@ class SQLiteStore:
     def _patch_text(key: DocKey, patch: Any) -> str:
         """The patch as JSON (tuples are arrays), the way the log keeps it."""
         try:
-            return _ENCODE(patch)
+            return "".join(_CHUNKS(patch, 0))
         except (TypeError, ValueError, RecursionError):  # another sequence, or not JSON
             return _dumps(key, [[list(p), v] for p, v in patch])
 
@@ -788,14 +888,18 @@ class _Known(NamedTuple):
     has_log: bool  # a ``heads`` row (and a log) exists
 
 
+# a _Known from a tuple of its fields, without the Python-level ``__new__`` of a NamedTuple
+_known: Callable[[tuple[int, Any, int, int, bool]], _Known] = partial(tuple.__new__, _Known)
+
+
 class _Step:
     """One write as planned: ``text`` is the whole value (``_BASE``) or the patch
     (``_APPEND``); ``value``, ``log_size`` and ``base_size`` what the document holds after
-    it (``after``); ``had_log`` whether it has a log before it (known, or for a base a guess
-    its statements check); ``new`` its version once sent."""
+    it; ``had_log`` whether it has a log before it (known, or for a base a guess its
+    statements check); ``new`` its version once sent."""
 
-    __slots__ = ("after", "base_size", "expect", "had_log", "key", "kind", "log_size", "new",
-                 "text", "value")
+    __slots__ = ("base_size", "expect", "had_log", "key", "kind", "log_size", "new", "text",
+                 "value")
 
     def __init__(self, key: DocKey, expect: int | None, kind: str, text: str, value: Any,
                  log_size: int, base_size: int, had_log: bool) -> None:
@@ -808,9 +912,24 @@ class _Step:
         self.base_size = base_size
         self.had_log = had_log
         self.new = 0
-        # what the document holds after it (version -1: after an unconditional write)
-        self.after = _Known(-1 if expect is None else expect + 1, value, log_size, base_size,
-                            kind is _APPEND)
+
+    def known(self, version: int) -> _Known:
+        """What the document holds after this step, as of ``version``."""
+        return _known((version, self.value, self.log_size, self.base_size,
+                       self.kind is _APPEND))
+
+
+def _sole_value(patch: Any) -> Any:
+    """The new value of a patch that only assigns the empty path (``cell.set``), as
+    ``apply_patch`` would make it (a copy), without its general checks; else ``MISSING``."""
+    first = patch[0] if type(patch) is tuple and len(patch) == 1 else None
+    if type(first) is tuple and len(first) == 2 and type(first[0]) is tuple and not first[0]:
+        value = first[1]
+        return value if type(value) in _IMMUTABLE else copy_value(value)
+    return MISSING
+
+
+_IMMUTABLE = (int, str, float, bool, type(None))  # JSON values copy_value returns as they are
 
 
 def _rooted(patch: Any) -> bool:

@@ -32,6 +32,7 @@ from runtime.storage import (
     Stored,
     Write,
 )
+from runtime.storage.sqlite import CACHED_DOCS
 
 A = DocKey("s", "", "a")
 B = DocKey("s", "user:u", "b")
@@ -188,6 +189,56 @@ async def test_while_another_store_watches_a_commit_writes_its_feed_row(
     finally:
         writer.close()
         reader.close()
+
+
+def test_a_whole_value_over_a_known_log_drops_it_in_one_transaction(
+    store: SQLiteStore,
+) -> None:
+    """A one-write commit whose document has a log (known to the store): the head, the
+    log and the base in one transaction, whether the value comes as a value or a patch;
+    then the next whole value is one statement again."""
+    rebase = ["BEGIN IMMEDIATE", "DELETE FROM heads", "DELETE FROM patches",
+              "UPDATE docs SET", "COMMIT"]
+    store.commit([_whole(A, 0, {"items": ITEMS})])
+    store.commit([_push(A, 1, 200, "x")])
+    assert _commit(store, Write(A, {"items": ITEMS}, 2)) == rebase
+    store.commit([_push(A, 3, 200, "y")])
+    assert _commit(store, _whole(A, 4, {"items": []})) == rebase
+    assert _commit(store, _whole(A, 5, {"items": ["z"]})) == ONE_UPDATE
+    assert store.load(A) == Stored({"items": ["z"]}, 6)
+
+
+def test_a_whole_value_is_copied_and_kept_so_the_next_patch_reads_nothing(
+    store: SQLiteStore,
+) -> None:
+    """The store keeps its own copy of a whole value it wrote (the caller changes its own
+    after the commit), and a patch to it is then checked against that copy, unread."""
+    mine: dict[str, Any] = {"items": list(ITEMS)}
+    store.commit([_whole(A, 0, mine)])
+    mine["items"].clear()  # the caller's own copy: the store's is unchanged
+    assert _commit(store, _push(A, 1, 200, "b")) == FIRST_APPEND
+    assert store.load(A) == Stored({"items": [*ITEMS, "b"]}, 2)
+
+
+def test_other_spellings_of_a_whole_value_are_one_statement_too(store: SQLiteStore) -> None:
+    """The empty path as a list, or a whole value followed by more steps: the same write
+    as ``cell.set``'s one assignment of ``()``."""
+    store.commit([Write(A, 0, 0)])
+    assert _commit(store, Write(A, None, 1, (([], {"n": 1}),))) == ONE_UPDATE
+    assert _commit(store, Write(A, None, 2, (((), {"n": []}), (("n", 0), 2)))) == ONE_UPDATE
+    assert store.load(A) == Stored({"n": [2]}, 3)
+
+
+def test_the_documents_the_store_keeps_are_bounded_oldest_out(store: SQLiteStore) -> None:
+    """One-write commits keep the newest ``CACHED_DOCS`` documents: a patch to the oldest
+    kept reads nothing, one to the newest left out reads it first."""
+    keys = [DocKey("s", "", f"d{i}") for i in range(CACHED_DOCS + 3)]
+    for key in keys:
+        store.commit([_whole(key, 0, {"items": ITEMS})])
+    assert _commit(store, _push(keys[3], 1, 200, "x")) == FIRST_APPEND
+    assert _commit(store, _push(keys[2], 1, 200, "x")) == ["SELECT d.version, d.value,",
+                                                             *FIRST_APPEND]
+    assert store.load(keys[2]) == Stored({"items": [*ITEMS, "x"]}, 2)
 
 
 # ------------------------------------------------------------ whole values, wrong guesses
