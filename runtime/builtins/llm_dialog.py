@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -47,14 +47,11 @@ from ..llm import (
     Message,
     Model,
     Request,
-    Response,
     Role,
     StepSink,
     StepsOutcome,
     StepsStatus,
-    Stop,
     StopReason,
-    StreamEvent,
     Tool,
     ToolChoice,
     ToolError,
@@ -233,45 +230,6 @@ class _TurnRun:
         self.calls: list[ToolUse] = []  # the step's calls, in the reply's order
 
 
-class _StopWatch:
-    """The turn's model, passed through, noting in the turn why each reply stopped (the
-    step engine reports a call's usage, not its stop reason). A call that fails before its
-    ``Stop`` event leaves None: that call gave no reply."""
-
-    __slots__ = ("model", "run")
-
-    def __init__(self, model: Model, run: _TurnRun) -> None:
-        self.model = model
-        self.run = run
-
-    @property
-    def name(self) -> str:
-        return self.model.name
-
-    @property
-    def provider(self) -> str:
-        return self.model.provider
-
-    async def generate(self, request: Request) -> Response:
-        self.run.stop = None
-        response = await self.model.generate(request)
-        self.run.stop = response.stop_reason
-        return response
-
-    async def stream(self, request: Request) -> AsyncIterator[StreamEvent]:
-        self.run.stop = None
-        events = self.model.stream(request)
-        try:
-            async for event in events:
-                if isinstance(event, Stop):
-                    self.run.stop = event.stop_reason
-                yield event
-        finally:  # closed with this one (a cancelled call releases its request at once)
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-
 class _DialogNode:
     """One dialog node: its state cells, its streams, and the turn it may be running."""
 
@@ -439,7 +397,7 @@ class _DialogNode:
         run = self._runs[turn_id] = _TurnRun(turn_id, StepCommit(rt),
                                              PartialText(self.state, rt.clock()))
         try:
-            model = _StopWatch(model_for(self.node.label, "llm_dialog", self.model, rt), run)
+            model = model_for(self.node.label, "llm_dialog", self.model, rt)
             run.management = Management(rt, pins=self.pins, space=self.node.space,
                                         own_streams=self.own_streams,
                                         scope=self.node.scope.key)
@@ -458,6 +416,10 @@ class _DialogNode:
                 )
 
             sink = StepSink(
+                # why the last reply stopped (written as the turn ends): none while a call
+                # runs, so a call that fails or is cut short leaves none
+                on_step=lambda _: setattr(run, "stop", None),
+                on_response=lambda response: setattr(run, "stop", response.stop_reason),
                 on_text=lambda delta: run.text.feed(rt, turn_id, delta),
                 on_usage=lambda usage: self._on_usage(run, usage),
                 on_message=lambda message: self._append(rt, run, message),
@@ -654,16 +616,17 @@ class _DialogNode:
             # links the model sends (where the event schema asks for a cell) reach only the
             # dialog's scopes; the handler gets them as live cells
             event = run.management.accept_input(call.input, spec.stream, "input")
-            token = tool_result_cell.set(self.tool_output.key(call.id))
+            answer = self.tool_output.key(call.id)
+            token = tool_result_cell.set(answer)
             try:
                 if run.step.phase is TurnPhase.INLINE:  # in the step's commit
                     assert run.step.tx is not None
                     with run.step.tx.bound():
                         rt.deliver(spec.stream, event)
-                        output = self.tool_output.key(call.id).get(None)
+                        output = answer.get(None)
                 else:
                     await rt.send(spec.stream, event)
-                    output = self.tool_output.key(call.id).get(None)
+                    output = answer.get(None)
             finally:
                 tool_result_cell.reset(token)
             if output is None:

@@ -171,7 +171,9 @@ class StepSink:
     - ``on_tool_result(result)``: one tool call finished with ``result``, before the next
       call starts (the step's results message follows when its last call is done; a caller
       that ends a step early, by cancelling it, knows from these which calls really ran);
-    - ``on_end(outcome)``: the run returned ``outcome`` (not called when it raises).
+    - ``on_end(outcome)``: the run returned ``outcome`` (not called when it raises);
+    - ``on_response(response)``: a model call's reply is complete (its stop reason, its
+      usage), before it is appended; not called for a call that failed.
     """
 
     on_step: Callable[[int], Awaitable[None] | None] | None = None
@@ -180,6 +182,7 @@ class StepSink:
     on_message: Callable[[Message], Awaitable[None] | None] | None = None
     on_tool_result: Callable[[ToolResult], Awaitable[None] | None] | None = None
     on_end: Callable[[StepsOutcome], Awaitable[None] | None] | None = None
+    on_response: Callable[[Response], Awaitable[None] | None] | None = None
 
 
 async def _emit(callback: _Callback, value: Any) -> None:
@@ -293,6 +296,7 @@ class _StepLoop:
                 return self.outcome(StepsStatus.ERROR, e)
             response = self.own_ids(response)
             self.last = response
+            await _emit(self.sink.on_response, response)
             self.usage += response.usage
             await _emit(self.sink.on_usage, response.usage)
             message = response.message

@@ -804,3 +804,20 @@ def test_the_dialogs_quick_check_is_strict_and_only_says_yes_to_valid_arguments(
     for _ in range(5000):
         deep = {"n": 1, "x": deep}
     assert _fits(tool, deep) in (True, False)  # too deep to say is not an error
+
+
+@pytest.mark.anyio
+async def test_on_response_hears_each_complete_reply_before_it_is_appended() -> None:
+    heard: list = []
+
+    def on_response(response) -> None:
+        heard.append(("response", response.stop_reason.value))
+
+    async def on_message(message) -> None:
+        heard.append(("message", message.role.value))
+
+    model = ScriptedModel([Reply(tool_calls=[call("get_weather", {"city": "Oslo"})]), "ok"])
+    await run_steps(model, Builder(), execute=Tools(), history=(QUESTION,),
+                    sink=StepSink(on_response=on_response, on_message=on_message))
+    assert heard == [("response", "tool_use"), ("message", "assistant"), ("message", "user"),
+                     ("response", "end_turn"), ("message", "assistant")]
