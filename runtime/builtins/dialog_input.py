@@ -8,7 +8,7 @@
 - **The model's** JSON (a call's input) is stored *inert* (``inert_message``): a
   link-shaped object in it is kept as its JSON text, so the history never holds a live link
   the model made up (it would alias other documents on read).
-- **Stored history** is read back through ``load_history``: text that cannot be encoded
+- **Stored history** is read back through ``TypedHistory``: text that cannot be encoded
   (a lone surrogate, in data stored before the boundary refused it) is replaced, so one bad
   character never makes every later turn fail.
 """
@@ -24,7 +24,7 @@ from ..errors import PatternError
 from ..llm import ImageBlock, Message, Role, TextBlock, with_unique_call_ids
 from ..llm.safety import SUPPORTED_IMAGE_MEDIA_TYPES, supported_image_media_type
 
-__all__ = ["MAX_MESSAGE_CHARS", "inert", "inert_message", "load_history", "user_message"]
+__all__ = ["MAX_MESSAGE_CHARS", "TypedHistory", "inert", "inert_message", "user_message"]
 
 MAX_MESSAGE_CHARS = 200_000  # characters of text in one user message
 MAX_IMAGES = 20  # images in one user message
@@ -134,12 +134,6 @@ def _check_text(text: str, where: str) -> None:
                            f"{MAX_MESSAGE_CHARS:,}")
     if has_surrogate(text):
         raise PatternError(describe_surrogate(text, where))
-
-
-def load_history(raw: Any) -> tuple[Message, ...]:
-    """The stored history as messages. Text that cannot be encoded is replaced (see the
-    module docstring); anything else that is not a message is a ``PatternError``."""
-    return TypedHistory().load(raw)
 
 
 KEEP_FROM = 16  # a history this long is kept typed between turns (shorter: read again)
