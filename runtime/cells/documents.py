@@ -167,6 +167,7 @@ class Documents:
         # the store is this runtime's alone (a MemoryStore made for it): no other writer,
         # so what is loaded here is what is stored
         self.sole_writer = False
+        self._let_go: dict[DocKey, Any] = {}  # sole writer: stored values since computed
         self._docs: dict[DocKey, Doc] = {}
         self.listeners: list[Callable[[list[Change]], None]] = []
         self.errors: deque[tuple[str, BaseException]] = deque(maxlen=MAX_ERRORS)
@@ -339,9 +340,21 @@ class Documents:
             doc.version = stored.version
 
     def derive(self, key: DocKey, fn: Callable[[], Any], label: str = "") -> Doc:
+        old = self._docs.get(key)
+        if self.sole_writer and old is not None and not old.derived and old.version:
+            # a stored document now computed: the store keeps no value of its own (mirror)
+            self._let_go[key] = old.node.peek()
         doc = Doc(key, signals.Computed(fn, label), None, label, True)
         self._docs[key] = doc
         return doc
+
+    def committed_copy(self, key: DocKey) -> Any:
+        """A copy of the committed value of a stored document: what a ``MirrorStore``
+        (``sole_writer``) hands out, as it keeps versions only."""
+        doc = self._docs.get(key)
+        if doc is None or doc.derived:
+            return copy_json(self._let_go[key])
+        return copy_json(doc.node.peek())
 
     def reload(self, keys: list[DocKey]) -> None:
         """Catch up with the store (after a conflict: another writer changed these)."""

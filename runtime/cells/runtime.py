@@ -27,6 +27,7 @@ from ..errors import (
     StreamError,
 )
 from ..storage import DocKey, Store, can_watch, open_store
+from ..storage.mirror import MirrorStore
 from .cell import Cell, Stream, accept_json, writing
 from .collector import FreezePolicy
 from .documents import Change, Documents, Transaction, current_transaction
@@ -142,16 +143,19 @@ class Runtime:
                  max_event_chain: int = MAX_CHAIN, model: Any = None,
                  lease_ttl: float | None = None, follow: bool = True,
                  freeze_gc: bool = False) -> None:
-        self.store = open_store(store)
         # a memory store made here from "memory" has no writer but this runtime: nothing
-        # to follow (and its own commits would only wake the follower for nothing)
+        # to follow (and its own commits would only wake the follower for nothing), and
+        # no values to keep twice (MirrorStore: versions there, values in the kernel)
         private = isinstance(store, str) and store == "memory"
+        self.store = MirrorStore() if private else open_store(store)
         self.follow = follow and not private
         self.clock = clock
         self.model = model  # the default model of builtins (a name or a runtime.llm Model)
         self.lease = ProcessLease(self.store, DEFAULT_TTL if lease_ttl is None else lease_ttl)
         self.docs = Documents(self.store)
         self.docs.sole_writer = private
+        if isinstance(self.store, MirrorStore):
+            self.store.attach(self.docs.committed_copy)
         self._changed: anyio.Event | None = None  # made by a waiter, set by the next poke
         self._work: anyio.Event | None = None  # the pump's, while it waits for events
         self.scheduler = Scheduler(self.docs, wake=self._poke, max_chain=max_event_chain)
