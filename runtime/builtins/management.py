@@ -426,7 +426,7 @@ class Management:
                                                  _Target(key, path), value_limit, c.schema))
             except Exception as e:
                 entries.append([f"## {name}", f"(unavailable: {_describe(e)})"])
-        for entry in self._pin_list()[:MAX_PINS]:
+        for entry in self._pin_list(copy=False)[:MAX_PINS]:
             name = _cap(_one_line(str(entry.get("name", ""))), _NAME_LIMIT)
             try:
                 target = self._target({"path": self._entry_ref(entry)})
@@ -459,8 +459,12 @@ class Management:
         out.append("value: " + self._json(self._materialize(value, key), limit))
         return out
 
-    def _pin_list(self) -> list[dict[str, Any]]:
-        value = self.pins.get(None)
+    def _pin_list(self, *, copy: bool = True) -> list[dict[str, Any]]:
+        """The pins' entries; ``copy=False`` for a read-only look (every step's prompt)."""
+        try:
+            value = self.pins.raw(copy=copy)
+        except PathError:
+            value = None
         return [e for e in value if isinstance(e, dict)] if isinstance(value, list) else []
 
     def _entry(self, target: _Target, name: str) -> dict[str, Any]:

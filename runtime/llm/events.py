@@ -98,6 +98,9 @@ StreamEvent = Annotated[
 ]
 
 
+_NO_USAGE = Usage()  # immutable: one for every stream that reports none
+
+
 class Assembler:
     """Folds stream events into a ``Response``; raises ``LLMError`` on an incoherent stream."""
 
@@ -106,7 +109,7 @@ class Assembler:
         self._texts: dict[int, list[str]] = {}
         self._calls: dict[int, tuple[str, str, list[str]]] = {}
         self._opaque: dict[int, OpaqueBlock] = {}
-        self._usage = Usage()
+        self._usage = _NO_USAGE
         self._stop: Stop | None = None
 
     def _bad(self, what: str) -> LLMError:

@@ -188,7 +188,7 @@ class StepSink:
 async def _emit(callback: _Callback, value: Any) -> None:
     if callback is not None:
         result = callback(value)
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):  # most sinks return None
             await result
 
 
@@ -353,7 +353,7 @@ class _StepLoop:
         if callback is None:
             return
         result = callback(message)  # a synchronous callback cannot be cancelled midway
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             with anyio.CancelScope(shield=True):  # a message appended is a message reported
                 await result
 
