@@ -26,8 +26,10 @@ from typing import Any
 import anyio
 
 from ..errors import PatternError
+from ..storage import DocKey
 from .cell import Cell, Stream
 from .ids import derive
+from .jsonpath import check_json
 from .pattern import Builder, Handler, _current
 from .runtime import current_instance, current_runtime
 from .schema import SchemaLike, to_json_schema
@@ -61,9 +63,6 @@ class BuiltinNode:
 
     def state(self, name: str, initial: Any, schema: SchemaLike | None = None) -> Cell:
         """A stored cell of this node, created with ``initial`` the first time."""
-        from ..storage import DocKey
-        from .jsonpath import check_json
-
         js = to_json_schema(schema)
         key = DocKey(self.space, self.scope.key, derive(self.cause, "state", name))
         label = f"{self.label}.{name}"
@@ -74,8 +73,6 @@ class BuiltinNode:
     def stream(self, name: str, fn: Callable[[Any], Any], *,
                event: SchemaLike | None = None) -> Stream:
         """A stream whose events run ``fn(event)`` as a handler, in a transaction."""
-        from ..storage import DocKey
-
         h = Handler(fn, to_json_schema(event) if event is not None else None)
         key = DocKey(self.space, self.scope.key, derive(self.cause, "stream", name))
         return h.bind_in(self._b, key, {}, f"{self.label}.{name}")
