@@ -762,15 +762,16 @@ class Transaction:
         docs = self.docs
         docs.check_open("committing")
         docs.flush_declared()  # declared in the same block: stored before what builds on it
-        written = []
+        written: list[tuple[DocKey, _Pending, Doc]] = []
         for k, p in self.pending.items():
-            if p.ops and not _cancelled_out(docs.doc(k), p):
-                written.append((k, p))
-        for key, pending in self.pending.items():
-            if not pending.ops and docs.doc(key).version != pending.base:
+            doc = docs.doc(k)
+            if p.ops:
+                if not _cancelled_out(doc, p):
+                    written.append((k, p, doc))
+            elif doc.version != p.base:
                 raise ConflictError(
-                    f"{docs.doc(key).describe()} changed since this transaction read it "
-                    f"(version {pending.base}, now {docs.doc(key).version}); nothing was "
+                    f"{doc.describe()} changed since this transaction read it "
+                    f"(version {p.base}, now {doc.version}); nothing was "
                     "committed. Another writer (a task or process) committed to it: run the "
                     "change again on the new state"
                 )
@@ -778,8 +779,7 @@ class Transaction:
             self.pending = {}
             return []
         # 1. everything that can fail, before the store: schemas, records (copies)
-        for key, pending in written:
-            doc = docs.doc(key)
+        for key, pending, doc in written:
             compiled = doc.compiled
             if compiled is None:
                 continue
@@ -797,17 +797,17 @@ class Transaction:
         records = [
             Change(k.space, k.id, pointer(path), None if b is MISSING else copy_json(b),
                    copy_json(v), k.scope)
-            for k, pending in written
+            for k, pending, _ in written
             for (path, v), b in zip(pending.ops, pending.befores, strict=True)
         ] if docs.listeners else []
-        writes = [Write(k, None, p.base, tuple(p.ops)) for k, p in written]
+        writes = [Write(k, None, p.base, tuple(p.ops)) for k, p, _ in written]
         # 2. the store: all or nothing
         try:
             versions = docs.store.commit(writes)
         except ConflictError:
             # another writer got there first (the store's message says who and how to
             # retry): catch up, so running the change again sees their value
-            docs.reload([k for k, _ in written])
+            docs.reload([k for k, _, _ in written])
             raise
         # 3. the kernel: cannot fail from here on (paths were checked when written). The
         # listeners hear of commits in the order they were stored, also when a sink writes
@@ -817,8 +817,7 @@ class Transaction:
         docs.applying += 1
         try:
             with signals.batch():
-                for key, pending in written:
-                    doc = docs.doc(key)
+                for key, pending, doc in written:
                     doc.version = versions[key]
                     node = doc.node
                     if pending.root is not MISSING:
@@ -832,7 +831,7 @@ class Transaction:
                     else:
                         node.set(root)
         except Exception as e:  # an effect failed or looped: the commit stands, report it
-            docs.report(e, f"effects after a commit to {docs.doc(written[0][0]).describe()}")
+            docs.report(e, f"effects after a commit to {written[0][2].describe()}")
         finally:
             docs.applying -= 1
         if not docs.applying:
