@@ -109,7 +109,9 @@ class _Node:
         raise NotImplementedError
 
 
-_NO_SUBS: Final[list[_Node]] = []  # effects are read by nothing: never appended to
+# read by nothing (yet): never appended to. An effect's subs for good; a signal's or a
+# computed's until its first reader (_link gives it a list of its own then)
+_NO_SUBS: Final[list[_Node]] = []
 _NO_STEPS: Final[list[int]] = []  # a dirty check that never stepped down: never appended to
 
 
@@ -228,7 +230,7 @@ class Signal(_Node, Generic[T]):
 
     def __init__(self, value: T, label: str = "") -> None:
         self._value: Any = value
-        self.subs = []
+        self.subs = _NO_SUBS  # a list of its own once something reads it (most never are)
         self.flags = 0
         self.label = label
         self.prev: Any = None  # while CHANGED: the value its subscribers last saw
@@ -328,7 +330,7 @@ class Computed(_Node, Generic[T]):
         self.value: Any = _UNSET
         self.error: BaseException | None = None
         self.deps = []
-        self.subs = []
+        self.subs = _NO_SUBS
         self.flags = 0
         self.epoch = -1  # the _G.epoch at which this was last known fresh; -1: never computed
         self.label = label or getattr(fn, "__name__", "")
@@ -763,7 +765,10 @@ def _relink(node: _Node, old: list[_Node], new: list[_Node]) -> None:
 def _link(dep: _Node, sub: _Node) -> None:
     """Subscribe ``sub`` to ``dep``; a computed gaining its first subscriber goes live and
     subscribes to its own dependencies (iteratively)."""
-    dep.subs.append(sub)
+    if dep.subs is _NO_SUBS:
+        dep.subs = [sub]
+    else:
+        dep.subs.append(sub)
     if len(dep.subs) > 1 or type(dep) is not Computed:
         return
     live = [dep]  # computeds that just went live, to subscribe to what they read
@@ -775,7 +780,10 @@ def _link(dep: _Node, sub: _Node) -> None:
             c.flags |= _DIRTY
             _propagate(c.subs)
         for d in dict.fromkeys(c.deps):
-            d.subs.append(c)
+            if d.subs is _NO_SUBS:
+                d.subs = [c]
+            else:
+                d.subs.append(c)
             if len(d.subs) == 1 and type(d) is Computed:
                 live.append(d)
 

@@ -1232,3 +1232,21 @@ def test_a_node_dropped_and_picked_up_in_one_propagation_runs_once() -> None:
     s.set(1)
     assert seen == [(0,), (1, 1, 1)]
     assert runs[0] == 1
+
+
+def test_nodes_nobody_reads_share_one_empty_list_and_never_fill_it() -> None:
+    """A signal or computed gets a subscriber list of its own only once something reads it
+    (most documents' signals never are); the shared empty one stays empty throughout."""
+    a, b = Signal(1, "a"), Signal(2, "b")
+    total = Computed(lambda: a.get() + b.get(), "total")
+    assert a.subs is b.subs is total.subs  # nobody reads them yet: nothing allocated
+    seen: list[int] = []
+    e = Effect(lambda: seen.append(total.get()))
+    assert a.subs == [total] and b.subs == [total] and total.subs == [e]
+    assert a.subs is not b.subs
+    a.set(10)
+    e.dispose()
+    assert seen == [3, 12]
+    assert a.subs == [] and total.subs == []
+    fresh = Signal(0)
+    assert fresh.subs == [] and fresh.subs is kernel._NO_SUBS and kernel._NO_SUBS == []
