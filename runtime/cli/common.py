@@ -237,7 +237,7 @@ async def reachable(model: Model, timeout: float = 5.0) -> None:
     apart from what the first turn would say. In-process models have no URL to check."""
     import anyio
 
-    from ..llm.config import PROVIDER_VARS
+    from ..llm.config import provider_vars
     from ..llm.safety import display_url
 
     url = getattr(model, "_base_url", None)  # the HTTP adapters' base URL
@@ -259,7 +259,10 @@ async def reachable(model: Model, timeout: float = 5.0) -> None:
             getattr(e, "strerror", None) or str(e) or type(e).__name__)
         from ..llm.safety import is_loopback_host
 
-        var = PROVIDER_VARS.get(model.provider)
+        try:
+            var = provider_vars(model.provider)
+        except KeyError:  # a provider that reads no variables (the local model)
+            var = None
         fix = "start the server" if is_loopback_host(host) else "check the network"
         if var:
             fix += f", or point {var.base_url} elsewhere"

@@ -1,8 +1,9 @@
-"""``celldialog models``: which providers are configured, what the catalog knows, and
-which model a command uses when given none, and why.
+"""``celldialog models``: which providers are configured, what the catalog knows (limits and
+prices), and which model a command uses when given none, and why.
 
-It reads configuration the way the resolver does (environment, then ``.env``) and never
-prints a key: only whether one is set.
+It reads configuration the way the resolver does (environment, then ``.env``; the same
+``configured_base_url``) and never prints a key or a token: only whether one is set, and by
+which variable.
 """
 
 from __future__ import annotations
@@ -15,11 +16,54 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
+    from ..llm.config import Settings
+
 __all__ = ["command"]
 
 
 def _fmt(n: int | None) -> str:
     return f"{n:,}" if n is not None else "?"
+
+
+def _dollars(x: float | None) -> str:
+    return "?" if x is None else f"{x:g}"
+
+
+def _key_status(provider: str, settings: Settings) -> str:
+    """Whether ``provider``'s credential is set, and by which variable (never its value)."""
+    from ..llm.config import AZURE_TOKEN_VAR, provider_vars
+
+    names = provider_vars(provider)
+    candidates = (names.api_key, *names.more_keys)
+    if provider == "azure":  # an Entra ID token does as well (and wins, as in the SDK)
+        candidates = (AZURE_TOKEN_VAR, names.api_key)
+    found = next((var for var in candidates if settings.get(var)), None)
+    if found:
+        return f"[green]set[/] ({found})"
+    if not names.key_required:
+        return f"[dim]not needed[/] ({names.api_key})"
+    return f"[red]not set[/] ({' or '.join(candidates)})"
+
+
+def _base_url(provider: str, settings: Settings) -> str:
+    """Where ``provider``'s requests go: the configured URL and its variable, or the
+    default."""
+    from ..llm.config import AZURE_API_VERSION_VAR, provider_vars
+    from ..llm.providers.presets import AZURE_DEFAULT_API_VERSION, PRESETS
+    from ..llm.resolve import configured_base_url
+    from ..llm.safety import display_url
+
+    names = provider_vars(provider)
+    url, var = configured_base_url(provider, settings)
+    if provider == "azure":
+        version = settings.get(AZURE_API_VERSION_VAR) or AZURE_DEFAULT_API_VERSION
+        where = display_url(url) if url else f"[red]not set[/] ({names.base_url})"
+        return f"{where}, api-version {version}"
+    if url:
+        return f"{display_url(url)} ({var})"
+    if provider in PRESETS:
+        return f"{PRESETS[provider].base_url} (default; {names.base_url})"
+    return f"default ({names.base_url})"
 
 
 def _print_whole(console: Console, table: Table) -> None:
@@ -48,9 +92,9 @@ def command() -> None:
     from rich.table import Table
 
     from ..llm import catalog
-    from ..llm.config import PROVIDER_VARS, Settings
+    from ..llm.config import Settings
     from ..llm.errors import ConfigurationError
-    from ..llm.safety import display_url
+    from ..llm.resolve import PROVIDERS
     from .common import choose_model
 
     console = Console(highlight=False)
@@ -61,14 +105,11 @@ def command() -> None:
     # and a table that cannot fit the screen so is printed wider (_print_whole)
     providers = Table(title="Providers", title_justify="left", box=box.SIMPLE_HEAD,
                       show_edge=False, pad_edge=False)
-    providers.add_column("provider", no_wrap=True, min_width=max(map(len, PROVIDER_VARS)))
+    providers.add_column("provider", no_wrap=True, min_width=max(map(len, PROVIDERS)))
     providers.add_column("API key")
     providers.add_column("base URL", overflow="fold")
-    for name, names in PROVIDER_VARS.items():
-        key = (f"[green]set[/] ({names.api_key})" if settings.get(names.api_key)
-               else f"[red]not set[/] ({names.api_key})")
-        url = settings.get(names.base_url)
-        providers.add_row(name, key, display_url(url) if url else f"default ({names.base_url})")
+    for name in PROVIDERS:
+        providers.add_row(name, _key_status(name, settings), _base_url(name, settings))
     _print_whole(console, providers)
 
     small = set(catalog.SMALL_MODELS.values())
@@ -87,6 +128,18 @@ def command() -> None:
                        _fmt(info.max_output), ", ".join(info.aliases),
                        "yes" if info.name in small else "")
     _print_whole(console, models)
+
+    prices = Table(title="Prices (US$ per million tokens; ? unknown)", title_justify="left",
+                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    prices.add_column("model", no_wrap=True,
+                      min_width=max((len(m.name) for m in catalog.MODELS), default=5))
+    for col in ("input", "output", "cached input"):
+        prices.add_column(col, justify="right", no_wrap=True)
+    for info in catalog.MODELS:
+        price = info.price
+        prices.add_row(info.name, *(("?",) * 3 if price is None else (
+            _dollars(price.input), _dollars(price.output), _dollars(price.cached_input))))
+    _print_whole(console, prices)
 
     try:
         choice = choose_model(None)

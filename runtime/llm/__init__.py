@@ -3,9 +3,10 @@
 It knows nothing of cells. Backends (``providers/``) adapt the vocabulary in ``types`` to a
 vendor's wire format; ``ScriptedModel`` is the deterministic backend for tests.
 
-Importing the package stays cheap: the two adapters (and httpx with them) load on first use
-of ``AnthropicModel`` / ``OpenAIModel`` (or of ``resolve_model``), so a caller that only needs
-the vocabulary or the scripted model never pays for them. ``LocalModel`` (the embedded model)
+Importing the package stays cheap: the adapters (and httpx with them) load on first use
+of ``AnthropicModel``, ``OpenAIModel``, ``AzureOpenAIModel``, ``OpenAIResponsesModel`` or
+``GeminiModel`` (or of ``resolve_model``), so a caller that only needs the vocabulary or the
+scripted model never pays for them. ``LocalModel`` (the embedded model)
 loads the same way, and llama-cpp-python only when one is built.
 """
 
@@ -108,13 +109,18 @@ from .types import (
 
 if TYPE_CHECKING:  # what type checkers see; at run time ``__getattr__`` loads them
     from .providers.anthropic import AnthropicModel
+    from .providers.gemini import GeminiModel
     from .providers.local import LocalModel
-    from .providers.openai import OpenAIModel
+    from .providers.openai import AzureOpenAIModel, OpenAIModel
+    from .providers.openai_responses import OpenAIResponsesModel
 
 _LAZY = {
     "AnthropicModel": ".providers.anthropic",
+    "AzureOpenAIModel": ".providers.openai",
+    "GeminiModel": ".providers.gemini",
     "LocalModel": ".providers.local",
     "OpenAIModel": ".providers.openai",
+    "OpenAIResponsesModel": ".providers.openai_responses",
 }
 
 
@@ -146,6 +152,7 @@ __all__ = [
     "TOOL_CANCELLED",
     "AnthropicModel",
     "Assembler",
+    "AzureOpenAIModel",
     "Block",
     "BuildRequest",
     "CacheHint",
@@ -155,6 +162,7 @@ __all__ = [
     "Delayed",
     "Execute",
     "Fault",
+    "GeminiModel",
     "ImageBlock",
     "LLMError",
     "LocalModel",
@@ -165,6 +173,7 @@ __all__ = [
     "OpaqueBlock",
     "OpaqueDone",
     "OpenAIModel",
+    "OpenAIResponsesModel",
     "Pause",
     "Reply",
     "ReplyLimits",

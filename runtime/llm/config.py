@@ -13,20 +13,50 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .providers.presets import PRESETS
+
 DEFAULT_MODEL_VAR = "CELLDIALOG_MODEL"
 """Names the model ``resolve_model`` uses when it is given none (``provider:model`` allowed)."""
 
 
 @dataclass(frozen=True)
 class ProviderVars:
+    """The variables one provider is configured by. ``more_keys`` are read, in order, when
+    ``api_key`` is unset; ``key_required`` is False for a server that usually runs without a
+    key (a local one: its key variable is read and sent when set, never demanded)."""
+
     api_key: str
     base_url: str
+    key_required: bool = True
+    more_keys: tuple[str, ...] = ()
 
+
+AZURE_API_VERSION_VAR = "OPENAI_API_VERSION"
+"""The Azure OpenAI ``api-version`` (the name Microsoft's SDK reads)."""
+AZURE_TOKEN_VAR = "AZURE_OPENAI_AD_TOKEN"
+"""A Microsoft Entra ID bearer token for Azure OpenAI (the name Microsoft's SDK reads)."""
+OLLAMA_HOST_VAR = "OLLAMA_HOST"
+"""Ollama's own ``host[:port]`` setting, read when ``OLLAMA_BASE_URL`` is unset."""
 
 PROVIDER_VARS: dict[str, ProviderVars] = {
     "anthropic": ProviderVars("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
     "openai": ProviderVars("OPENAI_API_KEY", "OPENAI_BASE_URL"),
+    # GEMINI_API_KEY first: GOOGLE_API_KEY is Google Cloud's general name and may hold a key
+    # for another API (google-genai prefers GOOGLE_API_KEY when both are set)
+    "gemini": ProviderVars("GEMINI_API_KEY", "GEMINI_BASE_URL", more_keys=("GOOGLE_API_KEY",)),
+    "azure": ProviderVars("AZURE_OPENAI_API_KEY", "AZURE_OPENAI_ENDPOINT"),
+    **{p.name: ProviderVars(p.api_key_var, p.base_url_var, key_required=p.key_required)
+       for p in PRESETS.values()},
 }
+"""One entry per set of variables; ``SHARED_VARS`` maps the providers that read another's."""
+
+SHARED_VARS: dict[str, str] = {"openai-responses": "openai"}
+"""Providers configured by another provider's variables (the Responses API is OpenAI's)."""
+
+
+def provider_vars(provider: str) -> ProviderVars:
+    """The variables ``provider`` reads (``KeyError`` for one that reads none)."""
+    return PROVIDER_VARS[SHARED_VARS.get(provider, provider)]
 
 _LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*(.*?)\s*$")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}

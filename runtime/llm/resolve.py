@@ -3,8 +3,11 @@
 This is the one place configuration is read: precedence everywhere is explicit arguments,
 then environment variables, then ``.env``. The adapters themselves take explicit values only.
 The name decides the provider unless one is given: ``provider:model``, ``claude-*`` for
-Anthropic, ``gpt-*`` / ``o1``.. / ``chatgpt-*`` for OpenAI, or a catalog alias (``sonnet``,
-``mini``...). Adapters are imported only when chosen, so using one never loads the other.
+Anthropic, ``gpt-*`` / ``o1``.. / ``chatgpt-*`` for OpenAI, ``gemini-*`` for Gemini, or a
+catalog alias (``sonnet``, ``mini``...). ``openai-responses:``, ``azure:<deployment>`` and the
+OpenAI-compatible presets (``ollama:``, ``vllm:``, ``llamacpp:``, ``lmstudio:``,
+``openrouter:``, ``groq:``, ``together:``; ``providers/presets.py``) are named by their
+prefix. Adapters are imported only when chosen, so using one never loads the others.
 
 ``local`` is the embedded model (``providers/local.py``): ``local`` alone for the default
 weights, ``local:/path/model.gguf`` for another file. With no name and no default model
@@ -22,30 +25,60 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import catalog
-from .config import DEFAULT_MODEL_VAR, PROVIDER_VARS, Settings
+from .config import (
+    AZURE_API_VERSION_VAR,
+    AZURE_TOKEN_VAR,
+    DEFAULT_MODEL_VAR,
+    OLLAMA_HOST_VAR,
+    PROVIDER_VARS,
+    SHARED_VARS,
+    Settings,
+    provider_vars,
+)
 from .errors import ConfigurationError
 from .model import Model
+from .providers.presets import (
+    AZURE_DEFAULT_API_VERSION,
+    PRESETS,
+    check_azure_api_version,
+    check_azure_deployment,
+    check_azure_endpoint,
+    ollama_host_url,
+    with_default_path,
+)
 from .safety import check_api_key, check_base_url, is_loopback_url
 
-PROVIDERS: tuple[str, ...] = tuple(PROVIDER_VARS)
+PROVIDERS: tuple[str, ...] = tuple(
+    p for own in PROVIDER_VARS for p in (own, *(s for s, v in SHARED_VARS.items() if v == own)))
+"""Every provider a name can select (``provider:model``), the local model aside; one sharing
+another's variables follows it (``openai``, ``openai-responses``)."""
 LOCAL = "local"
 """The embedded model's provider key: it takes no key and no base URL."""
+AZURE = "azure"
 
 log = logging.getLogger("celldialog.llm")
-_LABELS = {"anthropic": "Anthropic", "openai": "OpenAI"}
+_LABELS = {"anthropic": "Anthropic", "openai": "OpenAI", "openai-responses": "OpenAI",
+           "gemini": "Gemini", AZURE: "Azure OpenAI",
+           **{p.name: p.label for p in PRESETS.values()}}
+# Catalog aliases name these providers' models; the Responses API serves OpenAI's.
+_ALIAS_FAMILY = {"openai-responses": "openai"}
+# Servers that may go without a key on loopback (a local gateway or proxy): the OpenAI wire's.
+_KEYLESS_ON_LOOPBACK = frozenset({"openai", "openai-responses", *PRESETS})
 
 _BY_PREFIX: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^claude-"), "anthropic"),
     (re.compile(r"^(gpt-|chatgpt-|o\d+(-|$))"), "openai"),
+    (re.compile(r"^gemini-"), "gemini"),
 )
 
 
 def _options() -> str:
     alias_list = ", ".join(sorted(catalog.aliases()))
     return (
-        "use a name starting with 'claude-' (anthropic) or 'gpt-', 'chatgpt-', 'o1', 'o3', "
-        f"'o4' (openai); the form 'provider:model' with provider one of {', '.join(PROVIDERS)}; "
-        f"'local' or 'local:/path/model.gguf' (the embedded model); or an alias: {alias_list}"
+        "use a name starting with 'claude-' (anthropic), 'gpt-', 'chatgpt-', 'o1', 'o3', "
+        "'o4' (openai) or 'gemini-' (gemini); the form 'provider:model' with provider one of "
+        f"{', '.join(PROVIDERS)}; 'local' or 'local:/path/model.gguf' (the embedded model); "
+        f"or an alias: {alias_list}"
     )
 
 
@@ -96,7 +129,8 @@ def parse_model_name(name: str, provider: str | None = None) -> tuple[str, str]:
     if provider is not None:
         provider = _check_provider(provider)
         alias = catalog.by_alias(name)
-        return provider, alias.name if alias and alias.provider == provider else name
+        family = _ALIAS_FAMILY.get(provider, provider)
+        return provider, alias.name if alias and alias.provider == family else name
     alias = catalog.by_alias(name)
     if alias is not None and alias.provider is not None:
         return alias.provider, alias.name
@@ -108,12 +142,31 @@ def parse_model_name(name: str, provider: str | None = None) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """Everything needed to build an adapter. The key is kept out of ``repr``."""
+    """Everything needed to build an adapter. The key and a token are kept out of ``repr``.
+    ``api_version`` and ``token`` are Azure OpenAI's (None for every other provider)."""
 
     provider: str
     model: str
     api_key: str | None = field(default=None, repr=False)
     base_url: str | None = None
+    api_version: str | None = None
+    token: Any = field(default=None, repr=False)
+
+
+def configured_base_url(provider: str, settings: Settings) -> tuple[str | None, str | None]:
+    """The base URL ``provider`` is configured with (environment or ``.env``), and the
+    variable it came from; ``(None, None)`` when none is, so the provider's default applies.
+
+    A preset's URL without a path gets the preset's API path (``with_default_path``); for
+    Ollama, ``OLLAMA_HOST`` (the server's own ``host[:port]``) is read after
+    ``OLLAMA_BASE_URL``."""
+    names = provider_vars(provider)
+    url, var = settings.get(names.base_url), names.base_url
+    if not url and provider == "ollama" and (host := settings.get(OLLAMA_HOST_VAR)):
+        url, var = ollama_host_url(host), OLLAMA_HOST_VAR
+    if url and provider in PRESETS:
+        url = with_default_path(url, PRESETS[provider])
+    return (url, var) if url else (None, None)
 
 
 def model_settings(
@@ -124,13 +177,17 @@ def model_settings(
     base_url: str | None = None,
     env: Mapping[str, str] | None = None,
     dotenv_path: str | os.PathLike[str] | None = None,
+    api_version: str | None = None,
+    token: Any = None,
 ) -> ModelSettings:
     """Resolve name, provider, key and base URL without building anything.
 
-    Raises ``ConfigurationError`` for an unknown name, a missing key (except for an OpenAI
-    loopback base URL: local servers rarely want one), a base URL a key must not be sent to
-    or that cannot be used at all, or a key that cannot go in an HTTP header; the checks are
-    the adapters' own (``safety.check_base_url``, ``safety.check_api_key``).
+    Raises ``ConfigurationError`` for an unknown name, a missing key (except for a local
+    preset, or an OpenAI-wire server on loopback: local servers rarely want one), a base URL
+    a key must not be sent to or that cannot be used at all, or a key that cannot go in an
+    HTTP header; the checks are the adapters' own (``safety.check_base_url``,
+    ``safety.check_api_key``, Azure's in ``providers/presets.py``). ``api_version`` and
+    ``token`` (a Microsoft Entra ID token, or a callable returning one) are Azure OpenAI's.
     """
     settings = Settings(env, dotenv_path)
     if not (name and name.strip()):
@@ -145,21 +202,68 @@ def model_settings(
             raise ConfigurationError(
                 "the local model runs in this process: it takes no api_key or base_url")
         return ModelSettings(LOCAL, model)
-    names = PROVIDER_VARS[chosen]
-    key = api_key or settings.get(names.api_key)
-    url = base_url or settings.get(names.base_url)
+    if chosen != AZURE and (api_version is not None or token is not None):
+        raise ConfigurationError(
+            f"api_version= and token= are Azure OpenAI's ('azure:<deployment>'), not {chosen}'s")
+    names = provider_vars(chosen)
+    label = _LABELS[chosen]
+    url = base_url
+    if url and chosen in PRESETS:
+        url = with_default_path(url, PRESETS[chosen])
+    url = url or configured_base_url(chosen, settings)[0]
     if url:
-        check_base_url(url, _LABELS[chosen])
-    # a local OpenAI-compatible server needs no key (the adapter makes the same exception)
-    keyless = chosen == "openai" and is_loopback_url(url)
+        check_base_url(url, label)
+    if chosen == AZURE:
+        return _azure_settings(model, api_key, url, api_version, token, settings)
+    key = api_key or next(
+        (v for var in (names.api_key, *names.more_keys) if (v := settings.get(var))), None)
+    keyless = not names.key_required or (
+        chosen in _KEYLESS_ON_LOOPBACK and is_loopback_url(url or _default_url(chosen)))
     if not key and not keyless:
         raise ConfigurationError(
-            f"no API key for {chosen}: set {names.api_key} (environment or .env) "
-            "or pass api_key="
+            f"no API key for {chosen}: set {' or '.join((names.api_key, *names.more_keys))} "
+            "(environment or .env) or pass api_key="
         )
     if key:
-        check_api_key(key, _LABELS[chosen])
+        check_api_key(key, label)
     return ModelSettings(chosen, model, key, url)
+
+
+def _default_url(provider: str) -> str | None:
+    preset = PRESETS.get(provider)
+    return preset.base_url if preset else None
+
+
+def _azure_settings(deployment: str, api_key: str | None, url: str | None,
+                    api_version: str | None, token: Any, settings: Settings) -> ModelSettings:
+    """Azure OpenAI's settings: the deployment, the endpoint (required), the api-version and
+    one credential. Explicit arguments win; from the environment, ``AZURE_OPENAI_AD_TOKEN``
+    beats ``AZURE_OPENAI_API_KEY``, as in Microsoft's SDK."""
+    names = PROVIDER_VARS[AZURE]
+    check_azure_deployment(deployment)
+    if not url:
+        raise ConfigurationError(
+            f"no Azure OpenAI endpoint: set {names.base_url} (environment or .env) to "
+            "https://<resource>.openai.azure.com, or pass base_url=")
+    check_azure_endpoint(url)
+    version = api_version or settings.get(AZURE_API_VERSION_VAR) or AZURE_DEFAULT_API_VERSION
+    check_azure_api_version(version)
+    if api_key and token is not None:
+        raise ConfigurationError("Azure OpenAI takes one credential: api_key= or token=, "
+                                 "not both")
+    if not api_key and token is None:
+        token = settings.get(AZURE_TOKEN_VAR)
+        api_key = None if token else settings.get(names.api_key)
+    if not api_key and not token:
+        raise ConfigurationError(
+            f"no credential for azure: set {names.api_key} or {AZURE_TOKEN_VAR} (environment "
+            "or .env), or pass api_key= or token= (a Microsoft Entra ID token, or a callable "
+            "returning one)")
+    if api_key:
+        check_api_key(api_key, "Azure OpenAI")
+    if isinstance(token, str):
+        check_api_key(token, "Azure OpenAI token")
+    return ModelSettings(AZURE, deployment, api_key or None, url, version, token)
 
 
 def resolve_model(
@@ -174,7 +278,8 @@ def resolve_model(
 ) -> Model:
     """A ready adapter for ``name``; ``options`` (``max_tokens``, ``retry``, ``timeout``,
     ``http_client``; for the local model ``n_ctx``, ``n_threads``, ``max_tokens``,
-    ``sampling``) go to its constructor.
+    ``sampling``) go to its constructor, except Azure's ``api_version`` and ``token``, which
+    are resolved with the rest (``model_settings``).
 
     With no name, no provider and no ``CELLDIALOG_MODEL`` (environment or ``.env``), the
     embedded local model is used, and an INFO record on ``celldialog.llm`` names it; without
@@ -184,8 +289,10 @@ def resolve_model(
     if not (name and name.strip()) and provider is None and not (
             Settings(env, dotenv_path).get(DEFAULT_MODEL_VAR)):
         return _default_local(api_key, base_url, options)
+    api_version, token = options.pop("api_version", None), options.pop("token", None)
     s = model_settings(
-        name, provider, api_key=api_key, base_url=base_url, env=env, dotenv_path=dotenv_path
+        name, provider, api_key=api_key, base_url=base_url, env=env, dotenv_path=dotenv_path,
+        api_version=api_version, token=token,
     )
     if s.provider == LOCAL:
         from .providers.local import LocalModel
@@ -195,8 +302,23 @@ def resolve_model(
         from .providers.anthropic import AnthropicModel
 
         return AnthropicModel(s.model, s.api_key, s.base_url, **options)
+    if s.provider == "gemini":
+        from .providers.gemini import GeminiModel
+
+        return GeminiModel(s.model, s.api_key, s.base_url, **options)
+    if s.provider == "openai-responses":
+        from .providers.openai_responses import OpenAIResponsesModel
+
+        return OpenAIResponsesModel(s.model, s.api_key, s.base_url, **options)
+    if s.provider == AZURE:
+        from .providers.openai import AzureOpenAIModel
+
+        return AzureOpenAIModel(s.model, s.api_key, s.base_url, api_version=s.api_version
+                                or AZURE_DEFAULT_API_VERSION, token=s.token, **options)
     from .providers.openai import OpenAIModel
 
+    if s.provider in PRESETS:
+        return OpenAIModel(s.model, s.api_key, s.base_url, preset=s.provider, **options)
     return OpenAIModel(s.model, s.api_key, s.base_url, **options)
 
 

@@ -366,12 +366,16 @@ class Usage(_Value):
 
     ``input_tokens`` is the total input processed, *including* cache reads;
     ``cache_read_tokens`` is the cached subset; ``cache_write_tokens`` is additional.
+    ``reasoning_tokens`` is the part of ``output_tokens`` spent thinking, where the
+    provider says (OpenAI's ``reasoning_tokens``, Gemini's ``thoughtsTokenCount``); 0 where
+    it does not (Anthropic bills thinking as output without a count of its own).
     """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         # sums of checked counts: nothing to validate again (once per step, every turn)
@@ -380,6 +384,7 @@ class Usage(_Value):
             output_tokens=self.output_tokens + other.output_tokens,
             cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
         )
 
 

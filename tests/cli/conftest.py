@@ -11,13 +11,16 @@ import pytest
 from .fakes import OpenAIServer
 
 REPO = Path(__file__).resolve().parents[2]
+# the other providers' variables (runtime.llm.config), which a developer may well have set
+PROVIDER_PREFIXES = ("AZURE_OPENAI_", "GEMINI_", "GOOGLE_API_KEY", "OLLAMA_", "VLLM_",
+                     "LLAMACPP_", "LMSTUDIO_", "OPENROUTER_", "GROQ_", "TOGETHER_")
 
 
 def clean_env(root: Path) -> dict[str, str]:
     """The environment a fresh user has: no keys, no model named, a home of their own under
     ``root`` (so the default store lands there), and the repository importable."""
     clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("OPENAI_", "ANTHROPIC_", "CELLDIALOG_"))
+             if not k.startswith(("OPENAI_", "ANTHROPIC_", "CELLDIALOG_", *PROVIDER_PREFIXES))
              and not k.lower().endswith("_proxy")}  # the loopback server is reached directly
     home = root / "home"
     home.mkdir(exist_ok=True)

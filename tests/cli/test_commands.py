@@ -191,6 +191,37 @@ def test_models_shows_providers_catalog_and_default_without_the_key(
     assert secret not in keyed.stdout + keyed.stderr
 
 
+def test_models_lists_every_provider_preset_and_price_never_a_key(
+        env: dict[str, str], workdir: Path) -> None:
+    from runtime.llm import catalog
+    from runtime.llm.resolve import PROVIDERS
+
+    groq, token = "gsk_test_5d2c8e7a9b1f3046", "eyJ0eXAi.entra-test.c2ln"
+    done = run(["models"], {**env, "GROQ_API_KEY": groq, "OLLAMA_HOST": "0.0.0.0:11500",
+                            "AZURE_OPENAI_ENDPOINT": "https://res.openai.azure.com",
+                            "AZURE_OPENAI_AD_TOKEN": token}, workdir)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for provider in PROVIDERS:
+        assert re.search(rf"^{re.escape(provider)}\s", out, re.M), (provider, out)
+    assert re.search(r"^groq\s+set \(GROQ_API_KEY\)", out, re.M), out
+    assert re.search(r"^together\s+not set \(TOGETHER_API_KEY\)", out, re.M), out
+    assert re.search(r"^vllm\s+not needed \(VLLM_API_KEY\)\s+http://127.0.0.1:8000/v1", out,
+                     re.M), out
+    assert re.search(r"^ollama\s+.*http://127.0.0.1:11500/v1 \(OLLAMA_HOST\)", out, re.M), out
+    assert re.search(r"^azure\s+set \(AZURE_OPENAI_AD_TOKEN\)\s+https://res.openai.azure.com, "
+                     r"api-version 2024-10-21", out, re.M), out
+    assert re.search(r"^gemini\s+not set \(GEMINI_API_KEY or GOOGLE_API_KEY\)", out, re.M), out
+    prices = out[out.index("Prices"):]
+    for info in catalog.MODELS:  # each model's price, "?" where unknown
+        p = info.price
+        cells = ["?"] * 3 if p is None else [
+            f"{x:g}" if x is not None else "?" for x in (p.input, p.output, p.cached_input)]
+        assert re.search(rf"^{re.escape(info.name)}\s+" + r"\s+".join(map(re.escape, cells))
+                         + r"\s*$", prices, re.M), (info.name, prices)
+    assert groq not in out + done.stderr and token not in out + done.stderr
+
+
 SECRET = "sk-live-abcdef0123456789"
 
 BAD = [

@@ -21,6 +21,16 @@ it as the API does: a choice without tools, or naming a function the request doe
 offer, is answered 400; and a scripted reply that breaks the choice (a call under ``none``,
 none under ``required``, another function than the one named) is refused the same way
 (the API never sends one, so the test that scripted it is wrong), also kept in ``rejected``.
+
+Compatible servers' quirks, each off by default (the presets' tests turn them on):
+``call_ids="empty"`` / ``"missing"`` sends tool calls with an empty id or none at all (a chunk
+may omit its id in the SDK's types; a completion may not, so ``"missing"`` removes it from a
+completion that was validated with it: the one deviation from the types, and the quirk
+itself); ``stream_usage=False`` never sends the usage chunk, whatever the request asks; and
+``tool_choice="strings"`` / ``"refused"`` answers 400 to a request whose ``tool_choice`` is
+the named-function object / is there at all: stricter than llama.cpp's server and Ollama,
+which take such a request and ignore what they cannot honour, so that a test proves the
+adapter never sends what such a server would silently drop.
 """
 
 from __future__ import annotations
@@ -126,7 +136,7 @@ def _usage(usage: Usage) -> dict[str, Any]:
         "total_tokens": usage.input_tokens + usage.output_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cache_read_tokens, "audio_tokens": 0},
         "completion_tokens_details": {
-            "reasoning_tokens": 0,
+            "reasoning_tokens": usage.reasoning_tokens,
             "audio_tokens": 0,
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,
@@ -279,8 +289,15 @@ class _Prepared:
 class FakeOpenAI:
     """``with FakeOpenAI() as fake:`` serves OpenAI's API at ``fake.base_url``."""
 
-    def __init__(self, *, interleave_tool_calls: bool = False) -> None:
+    def __init__(self, *, interleave_tool_calls: bool = False, call_ids: str = "sent",
+                 stream_usage: bool = True, tool_choice: str = "full") -> None:
+        if call_ids not in ("sent", "empty", "missing") or tool_choice not in (
+                "full", "strings", "refused"):
+            raise ValueError(f"unknown quirk: call_ids={call_ids!r}, tool_choice={tool_choice!r}")
         self.interleave_tool_calls = interleave_tool_calls
+        self.call_ids = call_ids
+        self.stream_usage = stream_usage
+        self.tool_choice = tool_choice
         self._steps: deque[_Prepared] = deque()
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -334,6 +351,12 @@ class FakeOpenAI:
         )
         for c in chunks + bare:
             validate_chunk(c)
+        if self.call_ids != "sent":  # the quirk, applied to what was validated (module doc)
+            _strip_call_ids(completion, chunks + bare, empty=self.call_ids == "empty")
+            if self.call_ids == "empty":  # still the SDK's shape
+                validate_completion(completion)
+            for c in chunks + bare:
+                validate_chunk(c)
         return _Prepared(step, completion=completion, chunks=chunks, chunks_no_usage=bare)
 
     def _respond(self, rec: Recorded, ex: Exchange) -> None:
@@ -350,6 +373,10 @@ class FakeOpenAI:
             )
             return
         mode, name = tool_choice(body)
+        if "tool_choice" in body and self.tool_choice != "full" and (
+                self.tool_choice == "refused" or not isinstance(body["tool_choice"], str)):
+            self._refuse(ex, f"fake: this server takes no tool_choice {body['tool_choice']!r}")
+            return
         if "tool_choice" in body and (problem := tool_choice_problem(
                 mode, name, [t["function"]["name"] for t in body.get("tools", [])])):
             self._refuse(ex, problem)
@@ -364,7 +391,8 @@ class FakeOpenAI:
             self._refuse(ex, f"fake: {broken}, which the API never sends")
             return
         if body.get("stream") is True:
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            usage = self.stream_usage and bool(
+                (body.get("stream_options") or {}).get("include_usage"))
             self._stream(prepared, ex, prepared.chunks if usage else prepared.chunks_no_usage)
         else:
             self._json(prepared, ex)
@@ -414,6 +442,20 @@ class FakeOpenAI:
                 for c in chunks[:n]:
                     ex.send_event(json.dumps(c))
                 ex.hang_until_client_leaves()
+
+
+def _strip_call_ids(completion: dict[str, Any], chunks: list[dict[str, Any]], *,
+                    empty: bool) -> None:
+    """Tool calls with an empty id (``empty``) or none (module doc), in place."""
+    calls = [c for choice in completion["choices"]
+             for c in choice["message"].get("tool_calls") or []]
+    calls += [c for chunk in chunks for choice in chunk["choices"]
+              for c in choice["delta"].get("tool_calls") or [] if "id" in c]
+    for call in calls:
+        if empty:
+            call["id"] = ""
+        else:
+            del call["id"]
 
 
 def _error_body(message: str, type_: str, code: str | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from runtime.llm import Model, RetryPolicy
 
 from .steps import Step
 
-BACKENDS = ["scripted", "anthropic", "openai"]
+BACKENDS = ["scripted", "anthropic", "openai", "openai_responses", "azure", "gemini"]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ item to be checked.
 
 from __future__ import annotations
 
+import enum
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,3 +73,51 @@ def contradiction(mode: str, name: str | None, called: list[str]) -> str | None:
     if mode == "tool" and any(c != name for c in called):
         return f"the reply calls another tool than {name!r}"
     return None
+
+
+def by_wire_names(model: type[pydantic.BaseModel], data: Any, what: str, *,
+                  proto_names: bool = False) -> Any:
+    """``data`` (JSON as it goes over the wire) validated against an SDK model the way the
+    wire spells it, for SDKs whose models take both spellings (``google-genai``: camelCase
+    aliases and snake_case names): strictly, every key a field's wire name (its alias; with
+    ``proto_names``, its Python name too, which Google's JSON parsers take in a request:
+    proto3's JSON mapping accepts both) and every enum one the SDK declares, spelt exactly as
+    it spells it (``wire_spelling``)."""
+    try:
+        value = model.model_validate_json(json.dumps(data), strict=True, by_alias=True,
+                                          by_name=proto_names)
+    except pydantic.ValidationError as e:
+        raise WireDrift(f"{what} does not match the SDK: {e}") from None
+    wire_spelling(value, data, what, proto_names=proto_names)
+    no_extras(value, what)
+    return value
+
+
+def wire_spelling(value: Any, raw: Any, path: str = "$", *, proto_names: bool = False) -> None:
+    """Refuse, anywhere in the validated ``value`` (``raw`` is the JSON it came from), a key
+    that is not its field's wire name (``by_wire_names``), and an enum value the SDK does not
+    declare or spells otherwise. In JSON mode pydantic silently drops a key spelt as the
+    field's Python name when only aliases are asked for, and ``google-genai``'s enums take
+    any case and any unknown value (with a mere warning): a misspelt field or an invented
+    finish reason would pass."""
+    if isinstance(value, enum.Enum):
+        if value.name not in type(value).__members__ or raw != value.value:
+            raise WireDrift(f"{path}: {raw!r} is not a {type(value).__name__} the SDK declares")
+    elif isinstance(value, pydantic.BaseModel) and isinstance(raw, dict):
+        spellings = {name: (field.alias or name, name) if proto_names else (field.alias or name,)
+                     for name, field in type(value).model_fields.items()}
+        if unknown := set(raw) - {key for keys in spellings.values() for key in keys}:
+            raise WireDrift(f"{path}: fields unknown to the SDK (by their wire names): "
+                            f"{sorted(unknown)}")
+        for name, keys in spellings.items():
+            for key in keys:
+                if key in raw:
+                    wire_spelling(getattr(value, name), raw[key], f"{path}.{key}",
+                                  proto_names=proto_names)
+    elif isinstance(value, list) and isinstance(raw, list):
+        for i, (item, wire) in enumerate(zip(value, raw, strict=False)):
+            wire_spelling(item, wire, f"{path}[{i}]", proto_names=proto_names)
+    elif isinstance(value, dict) and isinstance(raw, dict):
+        for key, item in value.items():
+            if key in raw:
+                wire_spelling(item, raw[key], f"{path}.{key}", proto_names=proto_names)

@@ -40,7 +40,9 @@ from runtime.llm import (
     assemble,
 )
 from runtime.llm.providers.anthropic import AnthropicModel
+from runtime.llm.providers.gemini import GeminiModel
 from runtime.llm.providers.openai import OpenAIModel
+from runtime.llm.providers.openai_responses import OpenAIResponsesModel
 
 from .harness import AdapterBackend, Backend, CacheLayout, Sleeps, load, policy
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent
@@ -63,6 +65,8 @@ class Caps:
 
 
 THINKING = '{"type":"thinking","thinking":"Rain data wanted.","signature":"c2lnbmVk+/=="}'
+REASONING_ITEM = ('{"id":"rs_rain1","type":"reasoning","summary":[{"type":"summary_text",'
+                  '"text":"Rain data wanted."}],"encrypted_content":"gAAAAB-c2lnbmVk+/=="}')
 CAPS = {
     "scripted": Caps(cache_markers=True, cache_key=True, cache_writes=True,
                      opaque_replies=True, opaque_sample=THINKING),
@@ -70,6 +74,16 @@ CAPS = {
                       opaque_replies=True, opaque_sample=THINKING),
     "openai": Caps(cache_markers=False, cache_key=True, cache_writes=False,
                    opaque_replies=False, opaque_sample='{"type":"refusal","refusal":"as sent"}'),
+    # a thought part with its signature; Gemini caches prefixes by itself, reports no writes
+    "gemini": Caps(cache_markers=False, cache_key=False, cache_writes=False, opaque_replies=True,
+                   opaque_sample='{"text":"Rain data wanted.","thought":true,'
+                                 '"thoughtSignature":"c2lnbmVkIHRob3VnaHQ="}'),
+    # Chat Completions on a deployment; prompt_cache_key is not in the dated API versions
+    "azure": Caps(cache_markers=False, cache_key=False, cache_writes=False,
+                  opaque_replies=False, opaque_sample='{"type":"refusal","refusal":"as sent"}'),
+    # backend module openai_responses; a reasoning item, replayed whole under store: false
+    "openai-responses": Caps(cache_markers=False, cache_key=True, cache_writes=True,
+                             opaque_replies=True, opaque_sample=REASONING_ITEM),
 }
 
 
@@ -426,16 +440,21 @@ async def test_concurrent_calls_each_get_one_reply(backend: Backend) -> None:
 # -- adapter-only checks (not meaningful for the scripted model, so not parametrised on it) --
 
 
-def _adapter(provider: str, **kw: Any) -> AnthropicModel | OpenAIModel:
+def _adapter(provider: str, **kw: Any
+             ) -> AnthropicModel | OpenAIModel | OpenAIResponsesModel | GeminiModel:
     if provider == "anthropic":
         return AnthropicModel("claude-sonnet-4-5", **kw)
+    if provider == "gemini":
+        return GeminiModel("gemini-2.5-flash", **kw)
+    if provider == "openai-responses":
+        return OpenAIResponsesModel("gpt-5", **kw)
     return OpenAIModel("gpt-4.1", **kw)
 
 
 SECRET = "sk-contract-SECRET-0123456789"
 
 
-@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+@pytest.mark.parametrize("provider", ["anthropic", "openai", "openai-responses", "gemini"])
 async def test_adapter_refuses_to_send_a_key_over_plain_http(provider: str) -> None:
     with pytest.raises((ConfigurationError, LLMError)) as info:
         model = _adapter(provider, api_key=SECRET, base_url="http://models.example.invalid/v1")
@@ -453,7 +472,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+@pytest.mark.parametrize("provider", ["anthropic", "openai", "openai-responses", "gemini"])
 async def test_connection_refused_is_retried_then_a_transient_fault(provider: str,
                                                                     mode: Mode) -> None:
     sleeps = Sleeps()
@@ -467,7 +486,7 @@ async def test_connection_refused_is_retried_then_a_transient_fault(provider: st
     assert len(sleeps.waits) == 2  # three attempts
 
 
-@pytest.fixture(params=["anthropic", "openai"])
+@pytest.fixture(params=["anthropic", "openai", "openai_responses", "gemini"])
 def adapter(request: pytest.FixtureRequest) -> Iterator[AdapterBackend]:
     with load(request.param) as b:
         yield cast(AdapterBackend, b)
@@ -540,3 +559,15 @@ async def test_a_cancelled_call_closes_its_request(adapter: AdapterBackend, mode
         await run(model, ask(), mode)
     assert scope.cancelled_caught
     assert await anyio.to_thread.run_sync(adapter.closed_by_client, 0, 5.0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_reasoning_tokens_are_reported_where_the_provider_counts_them(
+        backend: Backend, mode: Mode) -> None:
+    usage = Usage(input_tokens=40, output_tokens=25, reasoning_tokens=18)
+    backend.script(Response(message=Message.text(Role.ASSISTANT, "Thought it through."),
+                            stop_reason=StopReason.END_TURN, usage=usage))
+    got = await run(backend.model(), Request(messages=(Message.text(Role.USER, "Hi"),)), mode)
+    counts = backend.name in ("scripted", "openai", "azure", "openai-responses", "gemini")
+    assert got.usage.output_tokens == 25
+    assert got.usage.reasoning_tokens == (18 if counts else 0)

@@ -1,4 +1,8 @@
-"""Model name resolution, configuration layering (.env < environment < arguments), catalog."""
+"""Model name resolution, configuration layering (.env < environment < arguments), catalog.
+
+Azure's resolution is tested in ``test_azure.py`` and the presets' in ``test_presets.py``;
+Gemini and the Responses API are resolved here by settings only (their adapters are theirs).
+"""
 
 from __future__ import annotations
 
@@ -37,20 +41,35 @@ SECRET = "sk-resolve-SECRET-9f8e7d"
         ("mini", None, ("openai", "gpt-5-mini")),
         ("mini", "openai", ("openai", "gpt-5-mini")),
         ("mini", "anthropic", ("anthropic", "mini")),  # alias of another provider: verbatim
+        ("gemini-2.5-flash", None, ("gemini", "gemini-2.5-flash")),
+        ("gemini-3-pro-preview", None, ("gemini", "gemini-3-pro-preview")),
+        ("gemini:gemini-2.5-pro", None, ("gemini", "gemini-2.5-pro")),
+        ("flash", None, ("gemini", "gemini-2.5-flash")),
+        ("flash-lite", "gemini", ("gemini", "gemini-2.5-flash-lite")),
+        ("openai-responses:gpt-5", None, ("openai-responses", "gpt-5")),
+        ("openai-responses:mini", None, ("openai-responses", "gpt-5-mini")),  # OpenAI's aliases
+        ("o3", "openai-responses", ("openai-responses", "o3")),
+        ("azure:gpt-4o-prod", None, ("azure", "gpt-4o-prod")),
+        ("mini", "azure", ("azure", "mini")),  # a deployment is named by its owner
+        ("ollama:qwen2.5:7b", None, ("ollama", "qwen2.5:7b")),
+        ("openrouter:anthropic/claude-sonnet-4.5", None,
+         ("openrouter", "anthropic/claude-sonnet-4.5")),
+        ("GROQ:llama-3.3-70b-versatile", None, ("groq", "llama-3.3-70b-versatile")),
     ],
 )
 def test_parse_model_name(name: str, provider: str | None, want: tuple[str, str]) -> None:
     assert parse_model_name(name, provider) == want
 
 
-@pytest.mark.parametrize("name", ["llama3", "mistral-large", "ollama", "omni", "gemini-pro"])
+@pytest.mark.parametrize("name", ["llama3", "mistral-large", "ollama", "omni", "gemini", "azure"])
 def test_unknown_name_lists_the_options(name: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         parse_model_name(name)
     msg = str(info.value)
     assert repr(name) in msg
-    for option in ("claude-", "gpt-", "o3", "provider:model", "anthropic", "openai", "sonnet",
-                   "mini"):
+    for option in ("claude-", "gpt-", "o3", "gemini-", "provider:model", "anthropic", "openai",
+                   "openai-responses", "gemini", "azure", "ollama", "vllm", "llamacpp",
+                   "lmstudio", "openrouter", "groq", "together", "sonnet", "mini", "flash"):
         assert option in msg
 
 
@@ -189,6 +208,53 @@ def test_errors_never_carry_a_key_from_the_environment(tmp_path: Path) -> None:
         assert SECRET not in str(info.value)
 
 
+def test_gemini_keys_gemini_first_then_google(tmp_path: Path) -> None:
+    """``GEMINI_API_KEY`` first: ``GOOGLE_API_KEY`` is Google Cloud's general name and may
+    hold another API's key (google-genai itself prefers it when both are set)."""
+    none = tmp_path / "none"
+    both = model_settings("gemini-2.5-pro", env={"GEMINI_API_KEY": "gem-key",
+                                                 "GOOGLE_API_KEY": "goog-key"},
+                          dotenv_path=none)
+    assert (both.provider, both.model, both.api_key) == ("gemini", "gemini-2.5-pro", "gem-key")
+    google = model_settings("gemini:gemini-2.5-flash", env={"GOOGLE_API_KEY": "goog-key"},
+                            dotenv_path=none)
+    assert google.api_key == "goog-key" and "goog-key" not in repr(google)
+    path = dotenv(tmp_path, "GOOGLE_API_KEY=from-file\nGEMINI_BASE_URL=https://gw.example\n")
+    filed = model_settings("flash", env={}, dotenv_path=path)
+    assert (filed.api_key, filed.base_url) == ("from-file", "https://gw.example")
+    with pytest.raises(ConfigurationError, match="set GEMINI_API_KEY or GOOGLE_API_KEY"):
+        model_settings("gemini-2.5-pro", env={"OPENAI_API_KEY": SECRET}, dotenv_path=none)
+    with pytest.raises(ConfigurationError, match="GEMINI_API_KEY"):  # loopback or not
+        model_settings("gemini-2.5-pro", base_url="http://127.0.0.1:9/", env={},
+                       dotenv_path=none)
+
+
+def test_the_responses_api_reads_openais_variables(tmp_path: Path) -> None:
+    none = tmp_path / "none"
+    env = {"OPENAI_API_KEY": "o-key", "OPENAI_BASE_URL": "https://proxy.example/v1"}
+    s = model_settings("openai-responses:gpt-5", env=env, dotenv_path=none)
+    assert (s.provider, s.model, s.api_key, s.base_url) == (
+        "openai-responses", "gpt-5", "o-key", "https://proxy.example/v1")
+    with pytest.raises(ConfigurationError, match="set OPENAI_API_KEY"):
+        model_settings("openai-responses:gpt-5", env={}, dotenv_path=none)
+    local = model_settings("openai-responses:gpt-oss", base_url="http://127.0.0.1:8080/v1",
+                           env={}, dotenv_path=none)
+    assert local.api_key is None  # a local Responses server, like a local OpenAI one
+
+
+def test_every_provider_resolves_with_its_key(tmp_path: Path) -> None:
+    """Each provider a name can select has its variables, its label and a setting."""
+    from runtime.llm.config import provider_vars
+    from runtime.llm.resolve import PROVIDERS
+
+    for provider in PROVIDERS:
+        names = provider_vars(provider)
+        env = {names.api_key: SECRET, "AZURE_OPENAI_ENDPOINT": "https://r.openai.azure.com"}
+        s = model_settings("some-model", provider, env=env, dotenv_path=tmp_path / "none")
+        assert (s.provider, s.model, s.api_key) == (provider, "some-model", SECRET)
+        assert SECRET not in repr(s)
+
+
 # -- building the adapter ---------------------------------------------------------------
 
 
@@ -227,11 +293,33 @@ def test_unknown_models_have_no_context_window() -> None:
 
 
 def test_small_siblings_are_in_the_catalog() -> None:
-    for provider in ("anthropic", "openai"):
+    assert catalog.small_model("gemini") == "gemini-2.5-flash-lite"
+    assert catalog.small_model("openai-responses") == catalog.small_model("openai")
+    for provider in ("anthropic", "openai", "gemini"):
         small = catalog.lookup(catalog.small_model(provider))
         assert small.provider == provider and small.context_window
     with pytest.raises(KeyError):
         catalog.small_model("scripted")
+
+
+def test_gemini_models_and_prices() -> None:
+    pro = catalog.lookup("gemini-2.5-pro")
+    assert (pro.provider, pro.context_window, pro.max_output) == ("gemini", 1_048_576, 65_536)
+    assert pro.price == catalog.Price(1.25, 10, None)  # cached input: not sourced, so unknown
+    assert catalog.lookup("flash").name == "gemini-2.5-flash"
+    sonnet = catalog.lookup("claude-sonnet-4-5-20250929")  # a snapshot keeps the price
+    assert sonnet.price == catalog.Price(3, 15, 0.3)
+    assert catalog.lookup("my-local-model").price is None
+
+
+def test_every_known_price_is_sane() -> None:
+    """Cached input is cheaper than fresh input, output dearer than input, all positive."""
+    priced = [m for m in catalog.MODELS if m.price is not None]
+    assert {m.provider for m in priced} == {"anthropic", "openai", "gemini"}
+    for m in priced:
+        p = m.price
+        assert p is not None and 0 < p.input < p.output, m.name
+        assert p.cached_input is None or 0 < p.cached_input < p.input, m.name
 
 
 def test_aliases_are_unique_and_resolve_to_catalog_models() -> None:

@@ -1,5 +1,6 @@
 """OpenAI Chat Completions over httpx; also any OpenAI-compatible server (llama.cpp, vLLM,
-Ollama) on loopback.
+Ollama) on loopback, the named ones of ``presets`` (``preset="ollama"``), and Azure OpenAI
+(``AzureOpenAIModel``).
 
 Choices worth knowing (each keeps a request valid on OpenAI *and* on local servers):
 
@@ -33,17 +34,29 @@ Choices worth knowing (each keeps a request valid on OpenAI *and* on local serve
   without one) counts toward the reply cap as it arrives (the decoder spends it from the
   attempt's ``ReplyBudget``). Arguments nested too deeply to parse are a malformed reply
   (terminal).
+
+Servers differ in what of the wire they honour, and a ``Dialect`` says how, once per server
+family, so the encoder has one place to ask: whether to ask for the usage chunk
+(``stream_options``) and send ``prompt_cache_key`` (an OpenAI field: a compatible server may
+refuse it, and Azure's 2024-10-21 specification has none), how much of ``tool_choice`` to
+send (``presets`` module doc), whose opaque blocks are its own, and which 400 codes blame the
+model's output rather than the request (transient). A preset model reports its preset's name as its
+``provider`` (``"ollama"``), so its errors, logs and a rebuilt choice say which server it was.
 """
 
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import httpx
 
 from ..errors import ConfigurationError, Fault, LLMError, quota_exhausted
@@ -59,7 +72,13 @@ from ..events import (
 from ..history import CallIds
 from ..limits import DEFAULT_ATTEMPT_TIMEOUT, ReplyLimits
 from ..retry_policy import RetryPolicy
-from ..safety import display_url, is_loopback_url, supported_image_media_type
+from ..safety import (
+    check_api_key,
+    display_url,
+    is_loopback_url,
+    redact_secrets,
+    supported_image_media_type,
+)
 from ..types import (
     ImageBlock,
     Message,
@@ -69,6 +88,7 @@ from ..types import (
     Role,
     StopReason,
     TextBlock,
+    Tool,
     ToolResult,
     ToolUse,
     Usage,
@@ -87,8 +107,19 @@ from ._http import (
     malformed,
 )
 from ._sse import iter_sse
+from .presets import (
+    AZURE_DEFAULT_API_VERSION,
+    PRESETS,
+    Preset,
+    ToolChoiceSupport,
+    azure_features,
+    check_azure_api_version,
+    check_azure_deployment,
+    check_azure_endpoint,
+)
 
-__all__ = ["DEFAULT_BASE_URL", "PROVIDER", "OpenAIModel"]
+__all__ = ["DEFAULT_BASE_URL", "OPENAI_DIALECT", "PROVIDER", "AzureOpenAIModel", "Dialect",
+           "OpenAIModel", "TokenProvider"]
 
 PROVIDER = "openai"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -110,6 +141,38 @@ _SHAPE_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)
 _CONTENT, _REFUSAL, _FIRST_CALL = 0, 1, 2
 
 
+@dataclass(frozen=True)
+class Dialect:
+    """What one family of Chat Completions servers honours (module doc)."""
+
+    stream_usage: bool = True  # ask for the usage chunk (stream_options.include_usage)
+    cache_key: bool = True  # send CacheHint.key as prompt_cache_key
+    tool_choice: ToolChoiceSupport = "full"
+    opaque: frozenset[str] = frozenset({PROVIDER})  # providers whose opaque blocks it takes
+    model_fault_codes: frozenset[str] = frozenset()  # 400 codes that blame the model's output
+
+
+OPENAI_DIALECT = Dialect()
+"""OpenAI's own API, and any server not named by a preset."""
+
+
+def _known_preset(name: str | None) -> Preset | None:
+    if name is None:
+        return None
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigurationError(
+            f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}") from None
+
+
+def _preset_dialect(preset: Preset) -> Dialect:
+    # prompt_cache_key is OpenAI's field: none of the presets documents it, so none gets it
+    return Dialect(cache_key=False, tool_choice=preset.tool_choice,
+                   opaque=frozenset({PROVIDER, preset.name}),
+                   model_fault_codes=preset.model_fault_codes)
+
+
 class OpenAIModel(HTTPModel):
     """A ``Model`` over the Chat Completions API.
 
@@ -118,6 +181,11 @@ class OpenAIModel(HTTPModel):
     and from ``.env``). A key is required except for a loopback base URL (a local server
     usually needs none; if one is given it is sent there too, as loopback traffic never
     leaves the machine). A base URL that is not https, or http to loopback, is refused.
+
+    ``preset`` names a known compatible server (``presets.PRESETS``: ``"ollama"``,
+    ``"groq"``...): its default base URL, whether it needs a key, its ``Dialect``, and its
+    name as ``provider``. A loopback server and every preset get the ceiling as
+    ``max_tokens``; OpenAI gets ``max_completion_tokens``.
 
     Safe for concurrent use. Without ``http_client`` it owns one pooled client, created on
     first use and released by ``aclose()`` (or ``async with``); it belongs to the event loop
@@ -136,39 +204,64 @@ class OpenAIModel(HTTPModel):
         api_key: str | None = None,
         base_url: str | None = None,
         *,
+        preset: str | None = None,
         max_tokens: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
         http_client: httpx.AsyncClient | None = None,
         limits: ReplyLimits | None = None,
     ) -> None:
+        server = _known_preset(preset)
+        if server is not None:  # its own name and label, in messages, logs and ``provider``
+            self.PROVIDER, self.LABEL = server.name, server.label  # type: ignore[misc]
         key = api_key or ""
-        base = (base_url or DEFAULT_BASE_URL).rstrip("/")
-        self._local = is_loopback_url(base)
-        if not key and not self._local:
+        base = (base_url or (server.base_url if server else DEFAULT_BASE_URL)).rstrip("/")
+        local = is_loopback_url(base)
+        if not key and not local and (server is None or server.key_required):
+            var = server.api_key_var if server else "OPENAI_API_KEY"
             raise ConfigurationError(
-                f"no OpenAI API key for {display_url(base)}: pass api_key= (only a loopback "
-                "server may go without one; resolve_model reads OPENAI_API_KEY from the "
+                f"no {self.LABEL} API key for {display_url(base)}: pass api_key= (only a "
+                f"loopback server may go without one; resolve_model reads {var} from the "
                 "environment or .env, the adapter never does)"
             )
         super().__init__(model=model, base_url=base, endpoint="/chat/completions", key=key,
                          retry=retry, timeout=timeout, http_client=http_client, limits=limits)
+        self._preset = server
+        # loopback and compatible servers get the ceiling every server knows; OpenAI's
+        # reasoning models reject it
+        ceiling = "max_tokens" if local or server else "max_completion_tokens"
+        self._wire(ceiling, _preset_dialect(server) if server else OPENAI_DIALECT, max_tokens,
+                   {"authorization": f"Bearer {key}"} if key else {})
+
+    def _wire(self, ceiling: str, dialect: Dialect, max_tokens: int | None,
+              auth: dict[str, str]) -> None:
+        """How this model writes its requests (``encode``) and the headers they carry."""
+        self._ceiling = ceiling
+        self._dialect = dialect
         self._max_tokens = max_tokens
-        auth = {"authorization": f"Bearer {key}"} if key else {}
         self._json_headers = {"content-type": "application/json", "accept": "application/json",
                               **auth}
         self._sse_headers = {**self._json_headers, "accept": "text/event-stream"}
 
     def __repr__(self) -> str:
         key = "set" if self._key else "none"
-        return f"OpenAIModel(model={self._model!r}, base_url={self._where!r}, api_key={key})"
+        preset = f", preset={self._preset.name!r}" if self._preset else ""
+        return (f"OpenAIModel(model={self._model!r}, base_url={self._where!r}, "
+                f"api_key={key}{preset})")
 
     def encode(self, request: Request, *, stream: bool) -> bytes:
         """The exact request body sent for ``request`` (deterministic)."""
-        ceiling = "max_tokens" if self._local else "max_completion_tokens"
-        return encode_request(
-            self._model, request, stream=stream, ceiling=ceiling, max_tokens=self._max_tokens
-        )
+        try:
+            return encode_request(self._model, request, stream=stream, ceiling=self._ceiling,
+                                  max_tokens=self._max_tokens, dialect=self._dialect)
+        except LLMError as e:
+            raise self._ours(e) from None
+
+    def _ours(self, error: LLMError) -> LLMError:
+        """``error`` (raised by this module's encoder or decoder, which name OpenAI) as this
+        model's: a preset's or Azure's errors carry their own provider name."""
+        error.provider = self.PROVIDER
+        return error
 
     # -- one HTTP exchange -------------------------------------------------------------------
 
@@ -183,9 +276,9 @@ class OpenAIModel(HTTPModel):
         try:
             return decode_completion(loads(raw))
         except LLMError as e:
-            failure = e
+            failure = self._ours(e)
         except _SHAPE_ERRORS:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            failure = _malformed("the response body is not a chat completion")
+            failure = self._malformed("the response body is not a chat completion")
         raise failure
 
     async def _stream_once(self, body: bytes, deadline: Deadline, budget: ReplyBudget,
@@ -193,7 +286,7 @@ class OpenAIModel(HTTPModel):
         limits = self._limits
         async with self._post(body, self._sse_headers, deadline, stream=True) as response:
             decoder = ChunkDecoder(budget)
-            async for sse in iter_sse(response, PROVIDER, max_line=limits.sse_line_bytes,
+            async for sse in iter_sse(response, self.PROVIDER, max_line=limits.sse_line_bytes,
                                       max_event=limits.sse_event_bytes):
                 if sse.data.strip() == "[DONE]":
                     for event in decoder.done():
@@ -204,7 +297,7 @@ class OpenAIModel(HTTPModel):
                     raise failure
                 for event in events:
                     yield event
-        raise cut_short(PROVIDER, "the stream ended before [DONE]")
+        raise cut_short(self.PROVIDER, "the stream ended before [DONE]")
 
     def _decode_chunk(
         self, decoder: ChunkDecoder, data: str
@@ -212,19 +305,19 @@ class OpenAIModel(HTTPModel):
         try:
             chunk = loads(data)
         except TooDeep:
-            return [], _malformed("a stream event nests too deeply to parse")
+            return [], self._malformed("a stream event nests too deeply to parse")
         except ValueError:
-            return [], _malformed("a stream event's data is not JSON")
+            return [], self._malformed("a stream event's data is not JSON")
         if not isinstance(chunk, dict):
-            return [], _malformed("a stream event is not a JSON object")
+            return [], self._malformed("a stream event is not a JSON object")
         if "error" in chunk:
             return [], self._stream_error(chunk["error"])
         try:
             return decoder.feed(chunk), None
         except LLMError as e:
-            return [], e
+            return [], self._ours(e)
         except _SHAPE_ERRORS:
-            return [], _malformed("a stream event is not a chat completion chunk")
+            return [], self._malformed("a stream event is not a chat completion chunk")
 
     # -- errors ------------------------------------------------------------------------------
 
@@ -234,6 +327,14 @@ class OpenAIModel(HTTPModel):
         except ValueError:  # an HTML page, a body cut at ERROR_BODY_LIMIT, not UTF-8
             return body_text(raw), ()
         return _error_fields(data.get("error", data) if isinstance(data, dict) else data)
+
+    def _status_error(self, response: httpx.Response, raw: bytes) -> LLMError:
+        error = super()._status_error(response, raw)
+        blamed = self._dialect.model_fault_codes
+        if blamed and error.status == 400 and blamed & set(self._error_fields(raw)[1]):
+            # the model wrote a malformed call: a new sample may well not
+            return self._error(error.message, Fault.TRANSIENT, 400, error.retry_after)
+        return error
 
     def _stream_error(self, error: Any) -> LLMError:
         message, codes = _error_fields(error)
@@ -255,23 +356,27 @@ def encode_request(
     stream: bool,
     ceiling: str = "max_completion_tokens",
     max_tokens: int | None = None,
+    dialect: Dialect = OPENAI_DIALECT,
 ) -> bytes:
     """The request body as deterministic JSON bytes.
 
     ``tools`` and ``messages`` come first, so the bytes up to the end of any stable message
     are identical across turns; per-call fields follow. ``max_tokens`` is the default output
-    ceiling, sent under the key ``ceiling`` unless the request sets its own.
+    ceiling, sent under the key ``ceiling`` unless the request sets its own. ``dialect``
+    says what the server honours (module doc); a ``tool_choice`` it cannot take narrows the
+    ``tools`` sent instead, so those bytes then differ from an unforced turn's.
     """
     splices: list[str] = []
     marker = f"\x00opaque-{uuid.uuid4().hex}-"
     body: dict[str, Any] = {"model": model}
-    if request.tools:
-        body["tools"] = [_encode_tool(t.name, t.description, t.input_schema) for t in request.tools]
+    tools, choice = _tools_and_choice(request, dialect.tool_choice)
+    if tools:
+        body["tools"] = [_encode_tool(t.name, t.description, t.input_schema) for t in tools]
     messages = [{"role": "system", "content": request.system}] if request.system else []
     for message in request.messages:
-        messages.extend(_encode_message(message, splices, marker))
+        messages.extend(_encode_message(message, splices, marker, dialect.opaque))
     body["messages"] = messages
-    if (choice := _encode_tool_choice(request)) is not None:
+    if choice is not None:
         body["tool_choice"] = choice
     if (limit := request.max_tokens or max_tokens) is not None:
         body[ceiling] = limit
@@ -284,25 +389,33 @@ def encode_request(
         body["temperature"] = sampling.temperature
         if sampling.top_p > 0:
             body["top_p"] = sampling.top_p
-    if request.cache.key:
+    if request.cache.key and dialect.cache_key:
         body["prompt_cache_key"] = request.cache.key
     if stream:
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        if dialect.stream_usage:
+            body["stream_options"] = {"include_usage": True}
     text = compact_json(body)
     for i, raw in enumerate(splices):
         text = text.replace(json.dumps(f"{marker}{i}", ensure_ascii=False), raw, 1)
     return encode_text(text)
 
 
-def _encode_tool_choice(request: Request) -> str | dict[str, Any] | None:
-    """The wire's ``tool_choice``, or None to send none (``auto``, or no tools)."""
-    choice = request.tool_choice
-    if choice.mode == "auto" or not request.tools:
-        return None
+def _tools_and_choice(request: Request, support: ToolChoiceSupport,
+                      ) -> tuple[tuple[Tool, ...], str | dict[str, Any] | None]:
+    """The tools to send and the wire's ``tool_choice`` (None: send none, for ``auto`` or no
+    tools), as far as the server takes one (``presets`` module doc)."""
+    tools, choice = request.tools, request.tool_choice
+    if choice.mode == "auto" or not tools:
+        return tools, None
     if choice.mode == "tool":
-        return {"type": "function", "function": {"name": choice.name}}
-    return choice.mode  # "required" or "none": the same words on the wire
+        if support == "full":
+            return tools, {"type": "function", "function": {"name": choice.name}}
+        named = tuple(t for t in tools if t.name == choice.name)  # that tool alone
+        return named, ("required" if support == "modes" else None)
+    if support == "ignored":  # "none": offer nothing; "required": cannot be asked for
+        return (() if choice.mode == "none" else tools), None
+    return tools, choice.mode  # "required" or "none": the same words on the wire
 
 
 def _encode_tool(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -313,8 +426,10 @@ def _encode_tool(name: str, description: str, schema: dict[str, Any]) -> dict[st
     return {"type": "function", "function": function}
 
 
-def _encode_message(message: Message, splices: list[str], marker: str) -> list[dict[str, Any]]:
-    """One port message as wire messages: tool results first, then the rest of the message."""
+def _encode_message(message: Message, splices: list[str], marker: str,
+                    opaque: frozenset[str] = OPENAI_DIALECT.opaque) -> list[dict[str, Any]]:
+    """One port message as wire messages: tool results first, then the rest of the message.
+    Opaque blocks of the providers in ``opaque`` are spliced in; others are dropped."""
     out: list[dict[str, Any]] = []
     parts: list[Any] = []
     calls: list[dict[str, Any]] = []
@@ -342,7 +457,7 @@ def _encode_message(message: Message, splices: list[str], marker: str) -> list[d
                 text = f"Error: {content}" if failed else content
                 out.append({"role": "tool", "tool_call_id": cid, "content": text})
             case OpaqueBlock(provider=provider, raw=raw):
-                if provider == PROVIDER:
+                if provider in opaque:
                     parts.append(f"{marker}{len(splices)}")
                     splices.append(_check_opaque(raw))
             case _:
@@ -551,10 +666,15 @@ def _usage(usage: dict[str, Any] | None) -> Usage:
     if not usage:
         return Usage()
     details = usage.get("prompt_tokens_details") or {}
+    output = usage.get("completion_tokens") or 0
+    thinking = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    if type(thinking) is int and type(output) is int:  # inside completion_tokens (o-series,
+        thinking = min(thinking, output)  # gpt-5): a server's odd count never exceeds it
     return Usage(
         input_tokens=usage.get("prompt_tokens") or 0,
-        output_tokens=usage.get("completion_tokens") or 0,
+        output_tokens=output,
         cache_read_tokens=details.get("cached_tokens") or 0,
+        reasoning_tokens=thinking,
     )
 
 
@@ -573,3 +693,145 @@ def _error_fields(error: Any) -> tuple[str, tuple[str | None, ...]]:
         return "", ()
     codes = tuple(c if isinstance(c, str) else None for c in (error.get("code"), error.get("type")))
     return str(error.get("message") or ""), codes
+
+
+# -- Azure OpenAI --------------------------------------------------------------------------
+
+TokenProvider = Callable[[], str | Awaitable[str]]
+"""A callable returning a Microsoft Entra ID token: sync (run in a worker thread, since a
+credential may fetch one over the network) or async (awaited), called before every attempt."""
+
+_AZURE = "azure"
+_SEEN_TOKENS = 4  # the provider's latest tokens, kept to be redacted from errors
+
+
+class AzureOpenAIModel(OpenAIModel):
+    """Chat Completions on an Azure OpenAI deployment.
+
+    ``model`` is the deployment's name and ``base_url`` the resource endpoint
+    (``https://<resource>.openai.azure.com``); requests go to
+    ``{endpoint}/openai/deployments/{deployment}/chat/completions?api-version=...``, with
+    ``api_version`` defaulting to the latest GA one (``presets.AZURE_DEFAULT_API_VERSION``).
+    The credential is an ``api_key`` (sent as the ``api-key`` header) or a Microsoft Entra ID
+    ``token``: a string, or a ``TokenProvider`` called before every attempt (tokens expire
+    within hours; a provider from ``azure.identity.get_bearer_token_provider`` caches and
+    renews them), sent as ``Authorization: Bearer``. Exactly one of the two is required. A
+    token the provider returns is kept out of errors and reprs like a key.
+
+    The wire is the OpenAI adapter's, minus ``prompt_cache_key`` (not in the dated API
+    versions); ``stream_options`` and ``max_completion_tokens`` go only to api-versions from
+    2024-09-01 on (older ones refuse both: ``max_tokens`` goes to those, and streams carry no
+    usage there). Like every adapter it never reads the environment: ``resolve_model("azure:
+    <deployment>")`` reads ``AZURE_OPENAI_API_KEY``, ``AZURE_OPENAI_ENDPOINT`` and
+    ``OPENAI_API_VERSION``.
+    """
+
+    PROVIDER = _AZURE
+    LABEL = "Azure OpenAI"
+
+    def __init__(
+        self,
+        model: str,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        *,
+        api_version: str = AZURE_DEFAULT_API_VERSION,
+        token: str | TokenProvider | None = None,
+        max_tokens: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
+        http_client: httpx.AsyncClient | None = None,
+        limits: ReplyLimits | None = None,
+    ) -> None:
+        check_azure_deployment(model)
+        check_azure_api_version(api_version)
+        if not base_url:
+            raise ConfigurationError(
+                "no Azure OpenAI endpoint: pass base_url='https://<resource>.openai.azure.com' "
+                "(resolve_model reads AZURE_OPENAI_ENDPOINT from the environment or .env, the "
+                "adapter never does)")
+        check_azure_endpoint(base_url)
+        if bool(api_key) == (token is not None and token != ""):
+            raise ConfigurationError(
+                "Azure OpenAI takes one credential: pass api_key= (sent as the api-key header) "
+                "or token= (a Microsoft Entra ID token, or a callable returning one), not "
+                + ("both" if api_key else "neither"))
+        provider = token if callable(token) else None
+        if token is not None and provider is None and not isinstance(token, str):
+            raise ConfigurationError(
+                "the Azure OpenAI token= must be a string or a callable returning one, not "
+                f"{type(token).__name__}")
+        static = api_key or (token if isinstance(token, str) else "")
+        HTTPModel.__init__(
+            self, model=model, base_url=base_url.rstrip("/"),
+            endpoint=f"/openai/deployments/{model}/chat/completions?api-version={api_version}",
+            key=static, retry=retry, timeout=timeout, http_client=http_client, limits=limits)
+        self._preset = None
+        self._api_version = api_version
+        self._token_provider = provider
+        self._tokens: deque[str] = deque(maxlen=_SEEN_TOKENS)
+        self._auth = "api-key" if api_key else "token provider" if provider else "token"
+        current = azure_features(api_version)
+        dialect = Dialect(stream_usage=current, cache_key=False,
+                          opaque=frozenset({PROVIDER, _AZURE}))
+        auth = ({"api-key": api_key} if api_key else
+                {"authorization": f"Bearer {token}"} if isinstance(token, str) else {})
+        self._wire("max_completion_tokens" if current else "max_tokens", dialect, max_tokens,
+                   auth)
+
+    def __repr__(self) -> str:
+        return (f"AzureOpenAIModel(deployment={self._model!r}, endpoint={self._where!r}, "
+                f"api_version={self._api_version!r}, auth={self._auth})")
+
+    @asynccontextmanager
+    async def _post(self, body: bytes, headers: Any, deadline: Deadline, *,
+                    stream: bool = False) -> AsyncIterator[httpx.Response]:
+        if self._token_provider is not None:  # a fresh token for every attempt
+            headers = {**headers, "authorization": f"Bearer {await self._fresh_token(deadline)}"}
+        async with super()._post(body, headers, deadline, stream=stream) as response:
+            yield response
+
+    async def _fresh_token(self, deadline: Deadline) -> str:
+        """The provider's token, within the attempt's deadline. A provider that fails or
+        returns something unusable ends the call (terminal): waiting rarely mends a
+        credential, and the error says which."""
+        provider = self._token_provider
+        assert provider is not None
+        failure: LLMError | None = None
+        token: object = None
+        try:
+            with deadline.waiting():
+                if inspect.iscoroutinefunction(provider) or inspect.iscoroutinefunction(
+                        type(provider).__call__):  # an object with an async __call__
+                    token = await provider()  # type: ignore[misc]
+                else:
+                    token = await anyio.to_thread.run_sync(provider, abandon_on_cancel=True)
+                    if inspect.isawaitable(token):
+                        token = await token
+        except TimeoutError:
+            failure = self._timed_out(deadline)
+        except Exception as e:  # the credential's own error, in words without secrets
+            failure = self._error(
+                f"the Entra ID token provider failed ({type(e).__name__}: "
+                f"{redact_secrets(str(e))[:300]})", Fault.TERMINAL)
+        if failure is not None:
+            raise failure
+        if not isinstance(token, str) or not token:
+            raise self._error(f"the Entra ID token provider returned {type(token).__name__}, "
+                              "not a token string", Fault.TERMINAL)
+        try:
+            check_api_key(token, "Azure OpenAI token")
+        except ConfigurationError as e:
+            failure = self._error(f"the Entra ID token provider returned an unusable token: "
+                                  f"{e}", Fault.TERMINAL)
+        if failure is not None:
+            raise failure
+        if token not in self._tokens:
+            self._tokens.append(token)
+        return token
+
+    def _error(self, message: str, fault: Fault, status: int | None = None,
+               retry_after: float | None = None) -> LLMError:
+        for token in getattr(self, "_tokens", ()):  # a server may echo the bearer token
+            message = message.replace(token, "[redacted]")
+        return super()._error(message, fault, status, retry_after)
