@@ -3,7 +3,8 @@ prices), and which model a command uses when given none, and why.
 
 It reads configuration the way the resolver does (environment, then ``.env``; the same
 ``configured_base_url``) and never prints a key or a token: only whether one is set, and by
-which variable.
+which variable. Every configured value it shows (a URL, an api-version, a model name, an
+error quoting one) is escaped (``_shown``): text such as ``[/]`` is not Rich markup here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ if TYPE_CHECKING:
     from ..llm.config import Settings
 
 __all__ = ["command"]
+
+
+def _shown(text: str) -> str:
+    """Configured text as Rich shows it literally, never as markup."""
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _fmt(n: int | None) -> str:
@@ -57,10 +65,10 @@ def _base_url(provider: str, settings: Settings) -> str:
     url, var = configured_base_url(provider, settings)
     if provider == "azure":
         version = settings.get(AZURE_API_VERSION_VAR) or AZURE_DEFAULT_API_VERSION
-        where = display_url(url) if url else f"[red]not set[/] ({names.base_url})"
-        return f"{where}, api-version {version}"
+        where = _shown(display_url(url)) if url else f"[red]not set[/] ({names.base_url})"
+        return f"{where}, api-version {_shown(version)}"
     if url:
-        return f"{display_url(url)} ({var})"
+        return f"{_shown(display_url(url))} ({var})"
     if provider in PRESETS:
         return f"{PRESETS[provider].base_url} (default; {names.base_url})"
     return f"default ({names.base_url})"
@@ -147,7 +155,8 @@ def command() -> None:
         from .common import why_default
         from .errors import redact
 
-        console.print(f"default model: [red]none[/] ({why_default(None)}): {redact(str(e))}",
-                      soft_wrap=True)
+        console.print(f"default model: [red]none[/] ({_shown(why_default(None))}): "
+                      f"{_shown(redact(str(e)))}", soft_wrap=True)
         return
-    console.print(f"default model: [bold]{choice.label}[/] ({choice.why})", soft_wrap=True)
+    console.print(f"default model: [bold]{_shown(choice.label)}[/] ({_shown(choice.why)})",
+                  soft_wrap=True)

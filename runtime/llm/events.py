@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .._text import scrub, scrub_text
+from ._json import decode as decode_json
 from .errors import Fault, LLMError
 from .limits import MAX_TOOL_NAME_CHARS
 from .types import (
@@ -149,19 +150,24 @@ class Assembler:
         for i, (cid, name, parts) in self._calls.items():
             raw = "".join(parts).strip() or "{}"
             name = scrub_text(name)
+            # The call is named by its place, not by the name the provider chose: this runs
+            # after the adapter, whose errors are redacted of its key, and a server echoing
+            # the key as a tool name must not get it into an error here either.
+            which = f"tool call {len(blocks) + 1} (a {len(name)}-character name)"
             try:
-                args = json.loads(raw)
+                args = decode_json(raw)  # NaN, Infinity, 1e999 are refused: not JSON
                 if not isinstance(args, dict):
-                    raise self._bad(f"tool call {name[:200]!r} arguments are not a JSON object")
+                    raise self._bad(f"{which}: its arguments are not a JSON object")
                 # JSON text that is ASCII without a \u escape cannot decode to a surrogate
                 if not raw.isascii() or "\\u" in raw:
                     args = scrub(args)
                 blocks[i] = ToolUse(id=scrub_text(cid), name=name, input=args)
-            except json.JSONDecodeError as e:
-                raise self._bad(
-                    f"tool call {name[:200]!r} arguments are not JSON ({e.msg})") from None
             except RecursionError:
-                raise too_deep(name, self._provider) from None
+                raise LLMError(f"malformed reply: {which}: its arguments nest too deeply to "
+                               "parse", fault=Fault.TERMINAL, provider=self._provider) from None
+            except ValueError as e:
+                msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+                raise self._bad(f"{which}: its arguments are not JSON ({msg})") from None
         blocks.update(self._opaque)
         message = Message(role=Role.ASSISTANT, blocks=tuple(blocks[i] for i in sorted(blocks)))
         return Response(

@@ -212,7 +212,7 @@ def model_settings(
         url = with_default_path(url, PRESETS[chosen])
     url = url or configured_base_url(chosen, settings)[0]
     if url:
-        check_base_url(url, label)
+        check_base_url(url, label, "endpoint" if chosen == AZURE else "base URL")
     if chosen == AZURE:
         return _azure_settings(model, api_key, url, api_version, token, settings)
     key = api_key or next(

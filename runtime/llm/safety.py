@@ -1,6 +1,7 @@
 """Checks made before a credential or an image leaves the process: where a key may be sent
 (``safe_base_url``), whether a base URL and a key can be sent at all (``check_base_url``,
-``check_api_key``), what may be shown of a URL (``display_url``), which images go out."""
+``check_api_key``; a base URL with userinfo, a query or a fragment cannot: ``base_url_extras``),
+what may be shown of a URL (``display_url``), which images go out."""
 
 from __future__ import annotations
 
@@ -107,17 +108,49 @@ def base_url_problem(url: str) -> str | None:
     return None
 
 
-def check_base_url(url: str, provider: str) -> None:
+def base_url_extras(url: str) -> list[str]:
+    """The parts of ``url`` a base URL must not have, each with why, in words safe to show
+    (never the part itself: a password, a token in a query). A request goes to the base URL
+    followed by the API's path, so:
+
+    - userinfo (``user:password@``) makes httpx send Basic auth in place of the key's header;
+    - a query (``?``) would swallow that path (and Azure's ``api-version``);
+    - a fragment (``#``) is never sent, nor is the path after it: the API's root gets the
+      request."""
+    parts = _split(url)
+    if parts is None:
+        return []
+    extras = []
+    if "@" in parts.netloc:
+        extras.append("a user name or password ('user:password@'), which httpx would send as "
+                      "Basic auth in place of the API key: remove it (a credential goes in "
+                      "api_key= or the provider's key variable)")
+    if "?" in url:
+        extras.append("a query ('?...'), which the API's path would be appended to: remove it")
+    if "#" in url:
+        extras.append("a fragment ('#...'), which is never sent, nor the API's path after it: "
+                      "remove it")
+    return extras
+
+
+def check_base_url(url: str, provider: str, what: str = "base URL") -> None:
     """Raise ``ConfigurationError`` naming the problem if ``url`` is unusable
-    (``base_url_problem``) or unsafe for a key (``safe_base_url``)."""
+    (``base_url_problem``), unsafe for a key (``safe_base_url``), or has a part a base URL
+    must not (``base_url_extras``). ``what`` is its name in the message (Azure's
+    ``endpoint``)."""
     problem = base_url_problem(url)
     if problem is not None:
-        raise ConfigurationError(f"unusable {provider} base URL {display_url(url)!r}: {problem}")
+        raise ConfigurationError(f"unusable {provider} {what} {display_url(url)!r}: {problem}")
     if not safe_base_url(url):
         raise ConfigurationError(
-            f"refusing to send the {provider} API key to {display_url(url)!r}: the base URL "
+            f"refusing to send the {provider} API key to {display_url(url)!r}: the {what} "
             "must be https, or http to a loopback host (127.0.0.1, ::1, localhost)"
         )
+    extras = base_url_extras(url)
+    if extras:
+        raise ConfigurationError(
+            f"unusable {provider} {what} {display_url(url)!r}: it has "
+            + "; and ".join(extras))
 
 
 def check_api_key(key: str, provider: str) -> None:

@@ -222,6 +222,26 @@ def test_models_lists_every_provider_preset_and_price_never_a_key(
     assert groq not in out + done.stderr and token not in out + done.stderr
 
 
+def test_models_shows_configured_values_as_text_never_as_markup(
+        env: dict[str, str], workdir: Path) -> None:
+    """Rich reads ``[/]`` and ``[bold]`` as markup: a configured value holding them once
+    crashed the command (a closing tag with nothing to close). Each is shown as written."""
+    values = {"OPENAI_API_VERSION": "[/]", "AZURE_OPENAI_ENDPOINT": "https://res.example/[/]",
+              "OLLAMA_BASE_URL": "http://127.0.0.1:11434/[bold]v1",
+              "CELLDIALOG_MODEL": "ollama:[/]qwen"}
+    done = run(["models"], {**env, **values, "COLUMNS": "200"}, workdir)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.search(r"^azure\s+.*https://res\.example/\[/\], api-version \[/\]", out, re.M), out
+    assert re.search(r"^ollama\s+.*http://127\.0\.0\.1:11434/\[bold\]v1 \(OLLAMA_BASE_URL\)",
+                     out, re.M), out
+    assert "default model: ollama:[/]qwen (CELLDIALOG_MODEL in the environment)" in out
+    # a name the resolver refuses: its error quotes it, as text too
+    refused = run(["models"], {**env, "CELLDIALOG_MODEL": "[/]x", "COLUMNS": "200"}, workdir)
+    assert refused.returncode == 0, refused.stderr
+    assert "cannot tell the provider of model '[/]x'" in refused.stdout
+
+
 SECRET = "sk-live-abcdef0123456789"
 
 BAD = [

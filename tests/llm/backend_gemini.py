@@ -9,7 +9,9 @@ Gemini opaque blocks are of two kinds (``providers/gemini.py``): a whole part (a
 which is a part on the wire verbatim, and a thought signature, which goes back as the
 ``thoughtSignature`` member of the part before it. ``replayed_opaque`` lists the first as
 the part's bytes and the second as ``{`` + that member's bytes + ``}``, which is the
-block's raw JSON when the signature went back unchanged.
+block's raw JSON when the signature went back unchanged. Google's placeholder signature,
+which the adapter adds for a Gemini 3 model where a call has none, replays no block and is
+not listed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from runtime.llm import RetryPolicy
 from runtime.llm.providers.gemini import GeminiModel
 
-from .fake_gemini import FakeGemini, FakeStep
+from .fake_gemini import SKIP_SIGNATURE, FakeGemini, FakeStep
 from .harness import CacheLayout, FakeServerRecords
 from .jsonspans import Span, items, members, skip
 
@@ -84,7 +86,7 @@ class GeminiBackend(FakeServerRecords):
                 k in part for k in _PORT_PARTS)
             if not plain:  # a thought, or a part the port does not model: spliced whole
                 out.append(text[a:b])
-            elif "thoughtSignature" in spans:
+            elif "thoughtSignature" in spans and part["thoughtSignature"] != SKIP_SIGNATURE:
                 value_start, value_end = spans["thoughtSignature"]
                 key = text.rindex('"thoughtSignature"', 0, value_start)
                 out.append("{" + text[key:value_end] + "}")

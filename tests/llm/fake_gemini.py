@@ -29,7 +29,12 @@ the ``x-goog-api-key`` header (a request without it is answered 403) and never i
 API does with it: a choice without tools, or naming a function the request does not offer,
 is answered 400, and a scripted reply that breaks it (a call under ``NONE``, none under
 ``ANY``, another function than the one allowed) is refused as a failure of the test that
-scripted it.
+scripted it. The model in the URL is held to what Google documents for it: a Gemini 3 (or
+later) model answers 400 "Function call is missing a thought_signature" when the first
+``functionCall`` of a model turn in the current turn (everything after the last user
+message that is not only function responses) has no ``thoughtSignature``; a
+``thinkingLevel`` is refused for 1.x and 2.x models, beside a ``thinkingBudget``, and, for
+Gemini 3 Pro, at any level but ``LOW`` and ``HIGH``.
 
 How a port ``Response`` maps onto the wire (the inverse of the adapter): ``TextBlock`` ->
 ``{"text"}``, ``ToolUse`` -> ``{"functionCall": {"id", "name", "args"}}``, an
@@ -40,8 +45,10 @@ total), ``cachedContentTokenCount``, ``candidatesTokenCount`` (cache writes have
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
+import re
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -78,6 +85,14 @@ STATUS_NAMES = {
 _QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
 _RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
 _METRIC = "generativelanguage.googleapis.com/generate_content_free_tier_requests"
+SKIP_SIGNATURE = base64.b64encode(b"skip_thought_signature_validator").decode()
+"""The dummy thought signature Google documents for a function call it did not sign (the
+bytes ``skip_thought_signature_validator``, base64 as every bytes field in JSON)."""
+_MISSING_SIGNATURE = (
+    "Function call is missing a thought_signature in functionCall parts. This is required "
+    "for tools to work correctly, and missing thought_signature may lead to degraded model "
+    "performance. Additional data, function call `{name}` , position {position}. Please "
+    "refer to https://ai.google.dev/gemini-api/docs/thought-signatures for more details.")
 
 
 # -- fake-only steps (beyond the shared ones in steps.py) ---------------------------------
@@ -149,6 +164,46 @@ def check_error(status: int, body: dict[str, Any]) -> None:
     read = genai_errors.APIError(status, body)
     if (read.status, read.message) != (error["status"], error["message"]):
         raise WireDrift(f"the SDK reads the error as {read.status}: {read.message}")
+
+
+def generation(model: str) -> int | None:
+    """The major version of a ``gemini-N...`` model id, None for another name."""
+    match = re.match(r"gemini-(\d+)", model)
+    return int(match.group(1)) if match else None
+
+
+def signature_problem(model: str, request: GenerateContentRequest) -> str | None:
+    """Gemini 3's 400 for a model turn of the current turn whose first function call has no
+    thought signature (None: the request passes)."""
+    major = generation(model)
+    if major is None or major < 3:
+        return None
+    start = max((i for i, c in enumerate(request.contents) if c.role == "user"
+                 and any(p.function_response is None for p in c.parts or [])), default=-1)
+    for position, content in enumerate(request.contents[start + 1:], start + 1):
+        calls = [p for p in content.parts or [] if p.function_call is not None]
+        if content.role == "model" and calls and not calls[0].thought_signature:
+            return _MISSING_SIGNATURE.format(name=calls[0].function_call.name,
+                                             position=position)
+    return None
+
+
+def thinking_problem(model: str, request: GenerateContentRequest) -> str | None:
+    """The API's 400 for a ``thinkingConfig`` this model does not take (None: it does)."""
+    config = request.generation_config.thinking_config if request.generation_config else None
+    if config is None or config.thinking_level is None:
+        return None
+    level = str(getattr(config.thinking_level, "value", config.thinking_level))
+    major = generation(model)
+    if config.thinking_budget is not None:
+        return ("You cannot use both thinking_level and the legacy thinking_budget parameter "
+                "in the same request.")
+    if major is not None and major < 3:
+        return "Thinking level is not supported for this model."
+    if re.match(r"gemini-3-pro(-|$)", model) and level not in ("LOW", "HIGH"):
+        return (f"Thinking level {level} is not supported for this model. Please retry with "
+                "other thinking level.")
+    return None
 
 
 def tool_choice(body: dict[str, Any]) -> tuple[str, str | None]:
@@ -373,9 +428,13 @@ class FakeGemini:
             return
         body = rec.body
         try:
-            check_request(body)
+            request = check_request(body)
         except WireDrift as e:
             self._refuse(ex, f"fake: not a valid request: {e}")
+            return
+        model = url.path[len(PREFIX):].rpartition(":")[0]
+        if problem := signature_problem(model, request) or thinking_problem(model, request):
+            self._refuse(ex, problem)
             return
         mode, name = tool_choice(body)
         if "toolConfig" in body and (problem := tool_choice_problem(mode, name, offered(body))):

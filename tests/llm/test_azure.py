@@ -38,12 +38,12 @@ from runtime.llm import (
     assemble,
 )
 from runtime.llm.providers.openai import AzureOpenAIModel
-from runtime.llm.providers.presets import AZURE_DEFAULT_API_VERSION
+from runtime.llm.providers.presets import AZURE_DEFAULT_API_VERSION, MAX_AZURE_DEPLOYMENT_CHARS
 from runtime.llm.resolve import model_settings, resolve_model
 
 from .backend_azure import API_KEY, DEPLOYMENT
 from .fake_azure import FakeAzureOpenAI
-from .fake_openai import validate_chunk, validate_request
+from .fake_openai import render_completion, validate_chunk, validate_completion, validate_request
 from .harness import Sleeps, policy
 from .loopback import Exchange, LoopbackServer, Recorded
 from .steps import HTTPError
@@ -299,9 +299,16 @@ async def test_a_slow_token_provider_is_held_to_the_attempts_deadline(
 @pytest.mark.parametrize(("kw", "words"), [
     ({"base_url": None}, "no Azure OpenAI endpoint"),
     ({"base_url": "https://res.openai.azure.com/openai/deployments/x"}, "resource's root"),
+    ({"base_url": "https://res.openai.azure.com/OpenAI"}, "resource's root"),
+    ({"base_url": "https://gw.example/x/%6fpenai/"}, "resource's root"),  # percent-encoded
     ({"base_url": "http://res.openai.azure.com"}, "must be https"),
+    # the API's path and api-version go after the endpoint: a query would take them in
+    ({"base_url": "https://res.openai.azure.com?api-version=evil"}, "endpoint .*a query"),
+    ({"base_url": "https://res.openai.azure.com#frag"}, "endpoint .*a fragment"),
+    ({"base_url": "https://user:hunter2pw@res.openai.azure.com"}, "a user name or password"),
     ({"api_version": "latest"}, "is not a dated version"),
     ({"api_version": "2024-10-21&x=1"}, "is not a dated version"),
+    ({"api_version": "\uff12\uff10\uff12\uff14-10-21"}, "is not a dated version"),  # fullwidth
     ({"api_key": None}, "not neither"),
     ({"token": TOKEN}, "not both"),
     ({"api_key": None, "token": 42}, "string or a callable"),
@@ -311,12 +318,32 @@ def test_bad_configuration_is_refused_at_construction(kw: dict[str, Any], words:
     with pytest.raises(ConfigurationError, match=words) as info:
         AzureOpenAIModel(DEPLOYMENT, **args)
     assert API_KEY not in str(info.value) and TOKEN not in str(info.value)
+    assert "hunter2pw" not in str(info.value) and "evil" not in str(info.value)
 
 
-@pytest.mark.parametrize("deployment", ["../admin", "gpt/4o", "gpt 4o", "", ".hidden", "a?b"])
+@pytest.mark.parametrize("endpoint", ["https://res.openai.azure.com/",
+                                      "https://apim.example.com/openaiproxy",
+                                      "https://gw.example/my-openai", "http://127.0.0.1:8443"])
+def test_an_endpoint_behind_a_gateway_is_taken(endpoint: str) -> None:
+    """Only a path segment ``openai`` (the API's own) is refused, not one containing it."""
+    model = AzureOpenAIModel(DEPLOYMENT, api_key=API_KEY, base_url=endpoint)
+    assert model.provider == "azure"
+
+
+@pytest.mark.parametrize("deployment", ["../admin", "gpt/4o", "gpt 4o", "", ".hidden", "a?b",
+                                        "x" * (MAX_AZURE_DEPLOYMENT_CHARS + 1)])
 def test_a_deployment_name_cannot_change_the_url(deployment: str) -> None:
-    with pytest.raises(ConfigurationError, match="deployment name"):
+    with pytest.raises(ConfigurationError, match="deployment name") as info:
         AzureOpenAIModel(deployment, api_key=API_KEY, base_url="https://res.openai.azure.com")
+    assert len(str(info.value)) < 300  # a long name is not shown whole
+
+
+def test_a_deployment_name_may_have_64_characters() -> None:
+    name = "gpt-4o-" + "x" * (MAX_AZURE_DEPLOYMENT_CHARS - 7)
+    assert AzureOpenAIModel(name, api_key=API_KEY,
+                            base_url="https://res.openai.azure.com").name == name
+    with pytest.raises(ConfigurationError, match="65 characters long, more than the 64"):
+        AzureOpenAIModel(name + "y", api_key=API_KEY, base_url="https://res.openai.azure.com")
 
 
 def test_identity_and_repr() -> None:
@@ -357,6 +384,46 @@ async def test_the_key_and_token_never_appear_in_errors_reprs_or_logs(
     texts += [f"{e!s} {e!r} {e.args!r} {e.__cause__!r}" for e in errors]
     for text in texts:
         assert API_KEY not in text and TOKEN not in text
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+async def test_a_token_starting_an_overlong_tool_name_never_leaks(
+        fake: FakeAzureOpenAI, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A server echoing the bearer token as a tool name past the cap: the error quotes its
+    first 40 characters, a piece of the token, redacted like the whole of it."""
+    caplog.set_level(logging.INFO, logger="celldialog.llm.retry")
+    call = ToolUse(id="call_1", name=TOKEN + "y" * 300, input={"city": "Paris"})
+    fake.script(reply(call, stop=StopReason.TOOL_USE))
+    model = model_for(fake, token=lambda: TOKEN)
+    with pytest.raises(LLMError, match="tool name cap") as info:
+        await (model.generate(ask()) if mode == "generate" else assemble(model.stream(ask())))
+    assert "[redacted]" in info.value.message
+    for text in (str(info.value), repr(info.value.args), caplog.text):
+        assert not [TOKEN[i:i + 8] for i in range(len(TOKEN) - 7) if TOKEN[i:i + 8] in text]
+
+
+async def test_a_key_the_server_names_a_tool_with_is_kept_out_of_errors_and_retry_logs(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A tool named with the api-key, its arguments not an object: the decoder's error
+    (transient) quotes the name; the WARNING before the retry and the error raised carry
+    ``[redacted]`` instead."""
+    caplog.set_level(logging.INFO, logger="celldialog.llm.retry")
+    body = render_completion(reply("x"))
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    body["choices"][0]["message"]["tool_calls"] = [{
+        "id": "call_1", "type": "function", "function": {"name": API_KEY, "arguments": "[1]"}}]
+    validate_completion(body)
+    sleeps = Sleeps()
+    with LoopbackServer(lambda rec, ex: ex.send_json(200, body)) as srv:
+        model = AzureOpenAIModel(DEPLOYMENT, api_key=API_KEY, base_url=srv.url,
+                                 retry=policy(sleeps, attempts=2))
+        with pytest.raises(LLMError, match="arguments are not a JSON object") as info:
+            await model.generate(ask())
+    assert (info.value.provider, info.value.attempts) == ("azure", 2)
+    warning = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warning) == 1 and "'[redacted]'" in warning[0].getMessage()
+    assert "'[redacted]'" in str(info.value)
+    assert API_KEY not in caplog.text + str(info.value) + repr(info.value.args)
 
 
 # -- the fake against the official SDK -------------------------------------------------
@@ -464,6 +531,15 @@ def test_resolve_azure_from_the_environment(tmp_path: Path) -> None:
     ("azure:d", _env(AZURE_OPENAI_API_KEY=API_KEY, OPENAI_API_VERSION="v1"), {},
      "not a dated version"),
     ("azure:a/b", _env(AZURE_OPENAI_API_KEY=API_KEY), {}, "deployment name"),
+    ("azure:d", {"AZURE_OPENAI_API_KEY": API_KEY,
+                 "AZURE_OPENAI_ENDPOINT": "https://res.openai.azure.com/?api-version=x"}, {},
+     "Azure OpenAI endpoint .*a query"),
+    ("azure:d", {"AZURE_OPENAI_API_KEY": API_KEY,
+                 "AZURE_OPENAI_ENDPOINT": "https://u:hunter2pw@res.openai.azure.com"}, {},
+     "a user name or password"),
+    ("azure:d", _env(AZURE_OPENAI_API_KEY=API_KEY,  # fullwidth digits
+                     OPENAI_API_VERSION="\uff12\uff10\uff12\uff14-10-21"), {},
+     "not a dated version"),
     ("azure:d", _env(), {"api_key": API_KEY, "token": TOKEN}, "not both"),
     ("gpt-5", {"OPENAI_API_KEY": API_KEY}, {"token": TOKEN}, "are Azure OpenAI's"),
 ])
@@ -472,6 +548,7 @@ def test_resolve_azure_errors_name_the_fix(tmp_path: Path, name: str, env: dict[
     with pytest.raises(ConfigurationError, match=words) as info:
         model_settings(name, env=env, dotenv_path=tmp_path / "none", **kw)
     assert API_KEY not in str(info.value) and TOKEN not in str(info.value)
+    assert "hunter2pw" not in str(info.value)
 
 
 async def test_resolve_model_builds_a_working_azure_model(fake: FakeAzureOpenAI,

@@ -41,9 +41,11 @@ from runtime.llm import (
 )
 from runtime.llm.providers.anthropic import AnthropicModel
 from runtime.llm.providers.gemini import GeminiModel
-from runtime.llm.providers.openai import OpenAIModel
+from runtime.llm.providers.openai import AzureOpenAIModel, OpenAIModel
 from runtime.llm.providers.openai_responses import OpenAIResponsesModel
 
+from .backend_azure import API_KEY as AZURE_KEY
+from .backend_azure import DEPLOYMENT as AZURE_DEPLOYMENT
 from .harness import AdapterBackend, Backend, CacheLayout, Sleeps, load, policy
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent
 
@@ -448,13 +450,21 @@ def _adapter(provider: str, **kw: Any
         return GeminiModel("gemini-2.5-flash", **kw)
     if provider == "openai-responses":
         return OpenAIResponsesModel("gpt-5", **kw)
+    if provider == "azure":
+        return AzureOpenAIModel(AZURE_DEPLOYMENT, **kw)
     return OpenAIModel("gpt-4.1", **kw)
 
 
 SECRET = "sk-contract-SECRET-0123456789"
+ADAPTERS = ["anthropic", "openai", "openai-responses", "gemini", "azure"]
 
 
-@pytest.mark.parametrize("provider", ["anthropic", "openai", "openai-responses", "gemini"])
+def _key(provider: str) -> str:
+    """The key ``provider``'s fake takes: Azure's checks it (any other is a 401)."""
+    return AZURE_KEY if provider == "azure" else SECRET
+
+
+@pytest.mark.parametrize("provider", ADAPTERS)
 async def test_adapter_refuses_to_send_a_key_over_plain_http(provider: str) -> None:
     with pytest.raises((ConfigurationError, LLMError)) as info:
         model = _adapter(provider, api_key=SECRET, base_url="http://models.example.invalid/v1")
@@ -472,7 +482,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("provider", ["anthropic", "openai", "openai-responses", "gemini"])
+@pytest.mark.parametrize("provider", ADAPTERS)
 async def test_connection_refused_is_retried_then_a_transient_fault(provider: str,
                                                                     mode: Mode) -> None:
     sleeps = Sleeps()
@@ -486,7 +496,7 @@ async def test_connection_refused_is_retried_then_a_transient_fault(provider: st
     assert len(sleeps.waits) == 2  # three attempts
 
 
-@pytest.fixture(params=["anthropic", "openai", "openai_responses", "gemini"])
+@pytest.fixture(params=["anthropic", "openai", "openai_responses", "gemini", "azure"])
 def adapter(request: pytest.FixtureRequest) -> Iterator[AdapterBackend]:
     with load(request.param) as b:
         yield cast(AdapterBackend, b)
@@ -506,9 +516,27 @@ async def test_adapter_drops_opaque_blocks_of_other_providers(adapter: AdapterBa
     assert b"not-for-you-7f3a" not in adapter.sent_raw()[0]
 
 
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_key_starting_an_overlong_tool_name_is_redacted_even_in_part(
+        adapter: AdapterBackend, mode: Mode, caplog: pytest.LogCaptureFixture) -> None:
+    """A server echoing the key as a tool name past the cap: the error quotes the name's
+    start, a piece of a long key; neither the error nor the retry log shows any of it."""
+    caplog.set_level("INFO", logger="celldialog.llm.retry")
+    key = AZURE_KEY if adapter.name == "azure" else SECRET + "-Xq7Lm2Rv9Tz4Wc8Nb3Kd6Yg1Sf5Jh0Pa"
+    adapter.script(reply(ToolUse(id="call_1", name=key + "y" * 300, input={"city": "Paris"}),
+                         stop=StopReason.TOOL_USE))
+    model = _adapter(adapter.name, api_key=key, base_url=adapter.base_url)
+    with pytest.raises(LLMError, match="tool name cap") as info:
+        await run(model, ask(), mode)
+    texts = (str(info.value), repr(info.value.args), caplog.text)
+    assert "[redacted]" in texts[0]
+    assert not [key[i:i + 8] for i in range(len(key) - 7) if any(key[i:i + 8] in t
+                                                                  for t in texts)]
+
+
 async def test_an_owned_client_is_pooled_until_closed(adapter: AdapterBackend) -> None:
     adapter.script(*(reply(f"r{i}") for i in range(4)))
-    model = _adapter(adapter.name, api_key=SECRET, base_url=adapter.base_url)
+    model = _adapter(adapter.name, api_key=_key(adapter.name), base_url=adapter.base_url)
     async with model:
         await model.generate(ask())
         await model.generate(ask())
@@ -521,8 +549,8 @@ async def test_an_owned_client_is_pooled_until_closed(adapter: AdapterBackend) -
 async def test_a_given_client_is_used_and_left_open(adapter: AdapterBackend) -> None:
     adapter.script(reply("a"))
     async with httpx.AsyncClient() as client:
-        async with _adapter(adapter.name, api_key=SECRET, base_url=adapter.base_url,
-                            http_client=client) as model:
+        async with _adapter(adapter.name, api_key=_key(adapter.name),
+                            base_url=adapter.base_url, http_client=client) as model:
             await model.generate(ask())
         assert not client.is_closed
     assert len(adapter.sent()) == 1
@@ -533,7 +561,7 @@ def test_a_model_is_usable_from_one_event_loop_after_another(adapter: AdapterBac
     cannot serve the second (its connections belong to a closed loop), so the second gets
     its own."""
     adapter.script(reply("one"), reply("two"))
-    model = _adapter(adapter.name, api_key=SECRET, base_url=adapter.base_url)
+    model = _adapter(adapter.name, api_key=_key(adapter.name), base_url=adapter.base_url)
 
     async def call() -> str:
         return (await model.generate(ask())).message.text_content()

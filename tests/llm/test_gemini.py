@@ -53,6 +53,7 @@ from runtime.llm.providers.gemini import GeminiModel, decode_response, thinking_
 
 from .backend_gemini import API_KEY, MODEL
 from .fake_gemini import (
+    SKIP_SIGNATURE,
     Body,
     Chunks,
     FakeGemini,
@@ -292,8 +293,13 @@ async def test_nothing_is_sent_for_a_plain_request(fake: FakeGemini) -> None:
     ("gemini-2.5-flash", "low", 300,
      {"maxOutputTokens": 300 + 1024, "thinkingConfig": {"thinkingBudget": 1024}}),
     ("gemini-2.5-pro", "high", None, {"thinkingConfig": {"thinkingBudget": 16384}}),
+    # Gemini 3 Pro takes LOW and HIGH only: medium is its default, HIGH
     ("gemini-3-pro-preview", "medium", 300,
-     {"maxOutputTokens": 300, "thinkingConfig": {"thinkingLevel": "MEDIUM"}}),
+     {"maxOutputTokens": 300, "thinkingConfig": {"thinkingLevel": "HIGH"}}),
+    ("gemini-3-pro-preview", "low", None, {"thinkingConfig": {"thinkingLevel": "LOW"}}),
+    ("gemini-3-pro", "high", None, {"thinkingConfig": {"thinkingLevel": "HIGH"}}),
+    ("gemini-3.1-pro-preview", "medium", None, {"thinkingConfig": {"thinkingLevel": "MEDIUM"}}),
+    ("gemini-3-flash-preview", "medium", None, {"thinkingConfig": {"thinkingLevel": "MEDIUM"}}),
     ("gemini-3-flash", None, None, None),
 ])
 def test_reasoning_effort_is_the_thinking_config(
@@ -307,13 +313,34 @@ def test_reasoning_effort_is_the_thinking_config(
 
 
 def test_thinking_style_and_its_override() -> None:
-    assert [thinking_style(m) for m in ("gemini-2.5-flash", "gemini-1.5-pro", "gemini-3-pro",
-                                        "gemini-exp-1206")] == ["budget", "budget", "level",
-                                                                "level"]
+    styles = {"gemini-2.5-flash": "budget", "gemini-1.5-pro": "budget",
+              "gemini-3-pro": "low-high", "gemini-3-pro-preview": "low-high",
+              "gemini-3.1-pro-preview": "level", "gemini-3-flash-preview": "level",
+              "gemini-3-progress": "level", "gemini-exp-1206": "level"}
+    assert {m: thinking_style(m) for m in styles} == styles
     gateway = GeminiModel("my-alias", api_key=API_KEY, thinking="budget", max_tokens=100)
     sent = json.loads(gateway.encode(ask(reasoning_effort="medium"), stream=False))
     assert sent["generationConfig"] == {"maxOutputTokens": 100 + 4096,
                                         "thinkingConfig": {"thinkingBudget": 4096}}
+    pro = GeminiModel("my-pro", api_key=API_KEY, thinking="low-high")
+    sent = json.loads(pro.encode(ask(reasoning_effort="medium"), stream=False))
+    assert sent["generationConfig"] == {"thinkingConfig": {"thinkingLevel": "HIGH"}}
+    with pytest.raises(ConfigurationError, match=r"'levels'.*'low-high'"):
+        GeminiModel("my-alias", api_key=API_KEY, thinking="levels")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("model", ["gemini-3-pro-preview", "gemini-3.1-pro-preview",
+                                   "gemini-3-flash-preview", "gemini-2.5-pro"])
+async def test_every_effort_is_a_thinking_config_the_model_takes(
+        fake: FakeGemini, model: str) -> None:
+    """Over the wire: the fake answers 400, as Gemini does, a level a model does not take
+    (MEDIUM on Gemini 3 Pro, any level on 2.x)."""
+    efforts = ("low", "medium", "high")
+    fake.script(*[reply("ok")] * len(efforts))
+    gemini = GeminiModel(model, api_key=API_KEY, base_url=fake.url)
+    for effort in efforts:
+        await gemini.generate(ask(reasoning_effort=effort))
+    assert fake.rejected == [] and len(fake.requests) == len(efforts)
 
 
 @pytest.mark.parametrize(("content", "failed", "response"), [
@@ -364,6 +391,83 @@ def test_a_signature_without_a_part_to_go_on_goes_alone() -> None:
     ]
     assert len(sent["contents"]) == 3  # a message with nothing for Gemini is left out
     check_request(sent)
+
+
+def test_googles_placeholder_signature_is_the_documented_bytes() -> None:
+    assert SKIP_SIGNATURE == "c2tpcF90aG91Z2h0X3NpZ25hdHVyZV92YWxpZGF0b3I="
+    assert base64.b64decode(SKIP_SIGNATURE) == b"skip_thought_signature_validator"
+
+
+def _unsigned_history() -> Request:
+    """A tool conversation no Gemini 3 signed: calls from another provider, one signed by
+    Gemini (kept), one after a signed text part (a 2.x reply), and a turn without calls."""
+    a = ToolUse(id="call_a", name="get_weather", input={"city": "Oslo"})
+    b = ToolUse(id="call_b", name="get_time", input={"city": "Lima"})
+    c = ToolUse(id="call_c", name="get_weather", input={"city": "Rome"})
+    d = ToolUse(id="call_d", name="get_time", input={})
+    return Request(tools=(WEATHER, CLOCK), messages=(
+        Message.text(Role.USER, "Oslo weather, Lima time?"),
+        Message(role=Role.ASSISTANT, blocks=(
+            OpaqueBlock(provider="anthropic", raw='{"type":"thinking","thinking":"hm"}'),
+            TextBlock(text="Checking."), a, b)),
+        Message(role=Role.USER, blocks=(ToolResult(tool_use_id="call_a", content="rain"),
+                                        ToolResult(tool_use_id="call_b", content="9:00"))),
+        Message(role=Role.ASSISTANT, blocks=(c, signed())),
+        Message(role=Role.USER, blocks=(ToolResult(tool_use_id="call_c", content="sun"),)),
+        Message(role=Role.ASSISTANT, blocks=(TextBlock(text="One more."), signed("c2lnMQ=="),
+                                             d)),
+        Message(role=Role.USER, blocks=(ToolResult(tool_use_id="call_d", content="noon"),)),
+        Message.text(Role.ASSISTANT, "Rain in Oslo, 9:00 in Lima."),
+        Message.text(Role.USER, "Thanks"),
+    ))
+
+
+def test_an_unsigned_call_gets_googles_placeholder_for_gemini_3() -> None:
+    """Gemini 3 refuses a model turn whose first call has no signature: the first call of
+    each such turn carries Google's placeholder; a real signature is never replaced (even
+    one that comes after its call in the blocks), and the other calls get none."""
+    sent = json.loads(GeminiModel("gemini-3-flash-preview", api_key=API_KEY).encode(
+        _unsigned_history(), stream=False))
+    model_turns = [c["parts"] for c in sent["contents"] if c["role"] == "model"]
+    assert model_turns == [
+        [{"text": "Checking."},
+         {"functionCall": {"id": "call_a", "name": "get_weather", "args": {"city": "Oslo"}},
+          "thoughtSignature": SKIP_SIGNATURE},
+         {"functionCall": {"id": "call_b", "name": "get_time", "args": {"city": "Lima"}}}],
+        [{"functionCall": {"id": "call_c", "name": "get_weather", "args": {"city": "Rome"}},
+          "thoughtSignature": SIGNATURE}],
+        [{"text": "One more.", "thoughtSignature": "c2lnMQ=="},
+         {"functionCall": {"id": "call_d", "name": "get_time", "args": {}},
+          "thoughtSignature": SKIP_SIGNATURE}],
+        [{"text": "Rain in Oslo, 9:00 in Lima."}],
+    ]
+    check_request(sent)
+
+
+@pytest.mark.parametrize("model", ["gemini-2.5-flash", "gemini-1.5-pro"])
+def test_no_placeholder_for_the_models_that_do_not_check(model: str) -> None:
+    raw = GeminiModel(model, api_key=API_KEY).encode(_unsigned_history(), stream=False)
+    assert SKIP_SIGNATURE.encode() not in raw
+    assert raw.count(b"thoughtSignature") == 2  # the two real ones
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+async def test_a_gemini_3_tool_turn_from_another_model_is_accepted(
+        fake: FakeGemini, mode: str) -> None:
+    """The history of a tool turn run by another model (here a ``ScriptedModel`` step: no
+    opaque blocks at all) continued on Gemini 3: without the placeholder Gemini answers 400
+    "Function call is missing a thought_signature", which no retry fixes."""
+    call = ToolUse(id="call_1", name="get_weather", input={"city": "Bergen"})
+    history = Request(tools=(WEATHER,), messages=(
+        Message.text(Role.USER, "Bergen?"), Message(role=Role.ASSISTANT, blocks=(call,)),
+        Message(role=Role.USER, blocks=(ToolResult(tool_use_id="call_1", content="rain"),))))
+    fake.script(reply("Rain in Bergen."))
+    gemini = GeminiModel("gemini-3-flash-preview", api_key=API_KEY, base_url=fake.url,
+                         retry=policy(Sleeps(), 1))
+    got = await run(gemini, history, mode)
+    assert got.message.text_content() == "Rain in Bergen." and fake.rejected == []
+    assert fake.requests[0].body["contents"][1]["parts"][0]["thoughtSignature"] == \
+        SKIP_SIGNATURE
 
 
 # -- tool schemas -------------------------------------------------------------------------------
@@ -601,19 +705,42 @@ async def test_stream_usage_updates_end_with_the_whole_count(fake: FakeGemini) -
                            Stop(stop_reason=StopReason.END_TURN, model="gemini-2.5-flash-fake")]
 
 
+FINISH_REASONS: dict[str, StopReason | Fault] = {
+    "STOP": StopReason.END_TURN,
+    "MAX_TOKENS": StopReason.MAX_TOKENS,
+    "CONTINUATION": StopReason.MAX_TOKENS,  # cut at the per-request limit, unfinished
+    "SAFETY": StopReason.REFUSAL,
+    "RECITATION": StopReason.REFUSAL,
+    "LANGUAGE": StopReason.REFUSAL,
+    "BLOCKLIST": StopReason.REFUSAL,
+    "PROHIBITED_CONTENT": StopReason.REFUSAL,
+    "SPII": StopReason.REFUSAL,
+    "MODEL_ARMOR": StopReason.REFUSAL,
+    "ESCALATION": StopReason.REFUSAL,
+    "IMAGE_SAFETY": StopReason.REFUSAL,
+    "IMAGE_PROHIBITED_CONTENT": StopReason.REFUSAL,
+    "IMAGE_RECITATION": StopReason.REFUSAL,
+    "IMAGE_OTHER": StopReason.REFUSAL,  # an image blocked for no listed reason
+    "NO_IMAGE": StopReason.END_TURN,  # the port asks for none: the text is the answer
+    "OTHER": StopReason.END_TURN,
+    "FINISH_REASON_UNSPECIFIED": StopReason.END_TURN,
+    "MALFORMED_FUNCTION_CALL": Fault.TRANSIENT,
+    "UNEXPECTED_TOOL_CALL": Fault.TRANSIENT,
+    "TOO_MANY_TOOL_CALLS": Fault.TRANSIENT,
+    "MALFORMED_RESPONSE": Fault.TRANSIENT,
+    "MISSING_THOUGHT_SIGNATURE": Fault.TERMINAL,
+    "PUP_LIMITED_DISABLED": Fault.TERMINAL,  # the account is limited: every call stops so
+}
+
+
+def test_every_finish_reason_the_sdk_declares_is_placed() -> None:
+    """A finish reason the official SDK declares and this table does not place is one the
+    adapter reads as ``end_turn`` without anyone having decided it should."""
+    assert set(FINISH_REASONS) == {r.value for r in genai_types.FinishReason}
+
+
 @pytest.mark.parametrize(("finish", "stop"), [
-    ("STOP", StopReason.END_TURN),
-    ("MAX_TOKENS", StopReason.MAX_TOKENS),
-    ("SAFETY", StopReason.REFUSAL),
-    ("RECITATION", StopReason.REFUSAL),
-    ("PROHIBITED_CONTENT", StopReason.REFUSAL),
-    ("BLOCKLIST", StopReason.REFUSAL),
-    ("SPII", StopReason.REFUSAL),
-    ("LANGUAGE", StopReason.REFUSAL),
-    ("IMAGE_SAFETY", StopReason.REFUSAL),
-    ("OTHER", StopReason.END_TURN),
-    ("FINISH_REASON_UNSPECIFIED", StopReason.END_TURN),
-])
+    (f, s) for f, s in FINISH_REASONS.items() if isinstance(s, StopReason)])
 @pytest.mark.parametrize("mode", ["generate", "stream"])
 async def test_finish_reasons(server: Any, finish: str, stop: StopReason, mode: str) -> None:
     data = candidate({"text": "partial an"}, finish=finish)
@@ -647,6 +774,16 @@ async def test_a_botched_reply_is_transient_and_sampled_again(
         await run(model_for(fake.url, retry=policy(Sleeps(), 1)), ask(tools=(WEATHER,)), mode)
     assert info.value.fault is Fault.TRANSIENT
     assert finish in info.value.message and "get_weather(city=" in info.value.message
+
+
+@pytest.mark.parametrize(("finish", "fault"), [
+    (f, s) for f, s in FINISH_REASONS.items() if isinstance(s, Fault)])
+async def test_finish_reasons_that_are_faults(fake: FakeGemini, finish: str, fault: Fault
+                                              ) -> None:
+    fake.script(Body(candidate({"text": "part"}, finish=finish, message="why")))
+    with pytest.raises(LLMError) as info:
+        await model_for(fake.url, retry=policy(Sleeps(), 1)).generate(ask())
+    assert info.value.fault is fault and f"finishReason {finish}: why" in info.value.message
 
 
 async def test_a_missing_thought_signature_is_terminal(fake: FakeGemini) -> None:
@@ -837,6 +974,44 @@ async def test_a_malformed_stream_is_terminal(server: Any, chunks: list[Any]) ->
     assert len(srv.requests) == 1 and sleeps.waits == []
 
 
+AFTER_THE_FINISH = [
+    candidate({"text": "AFTER"}, finish=None),
+    candidate({"text": "AFTER"}),
+    candidate({"functionCall": {"name": "get_time", "args": {}}}, finish=None),
+    candidate({"text": "", "thoughtSignature": "c2ln"}, finish=None),
+    candidate({"text": "hm", "thought": True}, finish=None),
+    candidate(finish="MAX_TOKENS"),  # a second, different ending
+]
+
+
+@pytest.mark.parametrize("tail", AFTER_THE_FINISH, ids=lambda c: str(c)[:70])
+async def test_nothing_is_appended_after_the_finish_chunk(fake: FakeGemini,
+                                                          tail: dict[str, Any]) -> None:
+    """The chunk with ``finishReason`` ends the reply: content or another ending after it
+    is a malformed stream, never more of the reply (it was assembled into 'aAFTER')."""
+    fake.script(Chunks((candidate({"text": "a"}), tail)))
+    sleeps = Sleeps()
+    with pytest.raises(LLMError, match=r"malformed.*after the chunk with its finishReason"
+                       ) as info:
+        await assemble(model_for(fake.url, retry=policy(sleeps)).stream(ask()))
+    assert info.value.fault is Fault.TERMINAL
+    assert len(fake.requests) == 1 and sleeps.waits == []
+
+
+async def test_usage_and_a_repeated_ending_may_follow_the_finish_chunk(fake: FakeGemini
+                                                                       ) -> None:
+    usage = {"promptTokenCount": 7, "candidatesTokenCount": 2, "totalTokenCount": 9}
+    fake.script(Chunks((
+        candidate({"text": "Hel"}, finish=None),
+        candidate({"text": "lo"}),
+        candidate({"text": ""}),  # the same ending again, with nothing in it
+        {"usageMetadata": usage, "modelVersion": "gemini-2.5-flash-001", "responseId": "r"},
+    )))
+    got = await assemble(model_for(fake.url).stream(ask()))
+    assert (got.message.text_content(), got.stop_reason) == ("Hello", StopReason.END_TURN)
+    assert got.usage == Usage(input_tokens=7, output_tokens=2)
+
+
 async def test_a_stream_without_a_finish_reason_was_cut_short(server: Any) -> None:
     srv = server(sse(candidate({"text": "Hel"}, finish=None)))
     with pytest.raises(LLMError, match="before a finishReason") as info:
@@ -988,6 +1163,38 @@ async def test_the_key_never_appears_in_errors_reprs_or_logs(
             assert API_KEY[i:i + 8] not in text
 
 
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+async def test_a_key_echoed_in_a_malformed_call_never_shows(
+        server: Any, caplog: pytest.LogCaptureFixture, mode: str) -> None:
+    """A server echoing the key back as a function name, in a call whose arguments are not
+    an object: the malformed-reply error quotes the name, and must not quote the key (the
+    adapters' errors are redacted centrally, ``providers/_http.py``)."""
+    caplog.set_level(logging.DEBUG)
+    for name in ("httpx", "httpcore", "runtime"):
+        caplog.set_level(logging.DEBUG, logger=name)
+
+    def echo(rec: Recorded, ex: Exchange) -> None:
+        key = rec.headers.get("x-goog-api-key", "")
+        data = json.dumps(candidate({"functionCall": {"name": key, "args": [key]}}))
+        if "stream" in rec.path:
+            ex.start_stream()
+            ex.send_event(data)
+        else:
+            ex.send_bytes(200, data.encode())
+
+    srv = server(echo)
+    model = model_for(srv.url, retry=policy(Sleeps(), 1))
+    with pytest.raises(LLMError, match="malformed") as info:
+        await run(model, ask(), mode)
+    assert srv.requests[0].headers["x-goog-api-key"] == API_KEY  # it was sent, and echoed
+    error = info.value
+    texts = [caplog.text, f"{error!s} {error!r} {error.args!r} {error.message}"]
+    texts += [f"{r.getMessage()} {r.args!r}" for r in caplog.records]
+    for text in texts:
+        for i in range(0, len(API_KEY) - 8):  # not even a fragment of it
+            assert API_KEY[i:i + 8] not in text
+
+
 # -- the fake against the official SDK ------------------------------------------------------------
 
 
@@ -1069,6 +1276,38 @@ async def test_the_fake_rejects_requests_the_api_would(fake: FakeGemini) -> None
     assert [r.status_code for r in (wrong_body, key_in_url, no_key)] == [400, 400, 403]
     assert no_key.json()["error"]["status"] == "PERMISSION_DENIED"
     assert len(fake.rejected) == 2 and fake.remaining() == 1
+
+
+async def test_the_fake_holds_gemini_3_to_its_signatures_and_levels(fake: FakeGemini) -> None:
+    """What Gemini 3 refuses and 2.5 takes: an unsigned call in the current turn, and a
+    thinking level the model lacks."""
+    call = {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}}]}
+    result = {"role": "user", "parts": [{"functionResponse": {"name": "f",
+                                                              "response": {"output": 1}}}]}
+    unsigned = {"contents": [{"role": "user", "parts": [{"text": "Hi"}]}, call, result]}
+    older = {"contents": [{"role": "user", "parts": [{"text": "Hi"}]}, call, result,
+                          {"role": "model", "parts": [{"text": "Done."}]},
+                          {"role": "user", "parts": [{"text": "Again"}]}]}
+    signed_ = {"contents": [unsigned["contents"][0],
+                            {"role": "model", "parts": [{**call["parts"][0],
+                                                         "thoughtSignature": SKIP_SIGNATURE}]},
+                            result]}
+    medium = {"contents": unsigned["contents"][:1],
+              "generationConfig": {"thinkingConfig": {"thinkingLevel": "MEDIUM"}}}
+    fake.script(*[reply("ok")] * 5)
+    sent = [("gemini-3-flash-preview", unsigned, 400), ("gemini-2.5-flash", unsigned, 200),
+            ("gemini-3-flash-preview", older, 200),  # only the current turn is checked
+            ("gemini-3-flash-preview", signed_, 200), ("gemini-3-pro-preview", medium, 400),
+            ("gemini-3.1-pro-preview", medium, 200), ("gemini-2.5-flash", medium, 400)]
+    async with httpx.AsyncClient() as client:
+        answers = [await client.post(f"{fake.url}/v1beta/models/{m}:generateContent",
+                                     json=b, headers={"x-goog-api-key": API_KEY})
+                   for m, b, _ in sent]
+    assert [a.status_code for a in answers] == [status for _, _, status in sent]
+    assert "Function call is missing a thought_signature" in answers[0].json()["error"][
+        "message"]
+    assert "Thinking level MEDIUM is not supported" in answers[4].json()["error"]["message"]
+    assert fake.remaining() == 1
 
 
 async def test_the_fake_holds_replies_to_the_tool_choice(fake: FakeGemini) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -21,23 +22,31 @@ from runtime.llm import (
     Fault,
     LLMError,
     Message,
+    OpaqueBlock,
     Request,
     Response,
     RetryPolicy,
     Role,
     StopReason,
     TextBlock,
+    ToolUse,
     Usage,
     assemble,
     model_settings,
 )
 from runtime.llm.errors import MAX_MESSAGE_CHARS, quota_exhausted
-from runtime.llm.providers._http import ERROR_BODY_LIMIT, HTTPModel
+from runtime.llm.providers._http import ERROR_BODY_LIMIT, HTTPModel, is_json_object, loads
 from runtime.llm.providers.anthropic import AnthropicModel
 from runtime.llm.providers.openai import OpenAIModel
 
-from .fake_anthropic import check_error, check_event, message_body
-from .fake_openai import render_completion, validate_error
+from .fake_anthropic import check_error, check_event, check_message, message_body, stream_events
+from .fake_openai import (
+    render_chunks,
+    render_completion,
+    validate_chunk,
+    validate_completion,
+    validate_error,
+)
 from .harness import Sleeps, policy
 from .loopback import Exchange, LoopbackServer, Recorded
 
@@ -50,12 +59,12 @@ KEY = "sk-Q7vLp2Zr9TfX4mWc8NbK3hJd6GyS1aE5uR0"
 ENDPOINT = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
 
 
-def adapter(provider: str, root: str, **kw: Any) -> HTTPModel:
+def adapter(provider: str, root: str, *, key: str = KEY, **kw: Any) -> HTTPModel:
     """An adapter pointed at a server whose root URL is ``root``."""
     kw.setdefault("retry", RetryPolicy(max_attempts=1))
     if provider == "anthropic":
-        return AnthropicModel("claude-sonnet-4-5", api_key=KEY, base_url=root, **kw)
-    return OpenAIModel("gpt-4.1", api_key=KEY, base_url=f"{root}/v1", **kw)
+        return AnthropicModel("claude-sonnet-4-5", api_key=key, base_url=root, **kw)
+    return OpenAIModel("gpt-4.1", api_key=key, base_url=f"{root}/v1", **kw)
 
 
 def ask() -> Request:
@@ -260,6 +269,150 @@ async def test_no_key_or_raw_body_is_reachable_through_the_exception_chain(
         assert leaks(text) == [] and (e is err or RAW not in text)
 
 
+# A key as long as OpenAI's project keys: a decoder quoting the start of a tool name (40
+# characters of it) quotes a piece of it, never the whole.
+LONG_KEY = "sk-proj-" + "Hq4Tz8Wm2Lx6Rv0Nc3Yb7Kd1Sf5Jg9Pa" * 3
+
+
+def replying(provider: str, mode: str, response: Response) -> Callable[[Recorded, Exchange], None]:
+    """A server answering with ``response`` in ``provider``'s wire format, each body checked
+    against its SDK's types first."""
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        if mode == "generate":
+            if provider == "anthropic":
+                body = message_body(response, model="claude-sonnet-4-5")
+                check_message(body)
+            else:
+                body = render_completion(response)
+                validate_completion(body)
+            ex.send_json(200, body)
+            return
+        ex.start_stream()
+        if provider == "anthropic":
+            for name, data in stream_events(response, model="claude-sonnet-4-5"):
+                check_event(name, data)
+                ex.send_event(json.dumps(data), name)
+            return
+        for chunk in render_chunks(response, include_usage=True):
+            validate_chunk(chunk)
+            ex.send_event(json.dumps(chunk))
+        ex.send_event("[DONE]")
+
+    return respond
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_key_starting_an_overlong_tool_name_never_leaks(
+        serve: Any, provider: str, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A server echoing the key as a tool name past the cap: the error quotes the name's
+    first 40 characters, a piece of the key, which is redacted like the whole key."""
+    caplog.set_level("INFO", logger="celldialog.llm.retry")
+    call = ToolUse(id="call_1", name=LONG_KEY + "y" * 300, input={"x": 1})
+    srv = serve(replying(provider, mode, Response(
+        message=Message(role=Role.ASSISTANT, blocks=(call,)), stop_reason=StopReason.TOOL_USE,
+        usage=Usage(input_tokens=3, output_tokens=1))))
+    with pytest.raises(LLMError, match="tool name cap") as info:
+        await run(adapter(provider, srv.url, key=LONG_KEY), mode)
+    err = info.value
+    assert "[redacted]" in err.message
+    logged = [r.getMessage() for r in caplog.records if r.name == "celldialog.llm.retry"]
+    assert logged and "[redacted]" in logged[-1]
+    for text in (str(err), repr(err), repr(err.args), *logged):
+        assert leaks(text, LONG_KEY) == []
+
+
+async def test_a_key_the_server_names_a_tool_with_leaks_into_no_error_or_retry_log(
+        serve: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A tool named with the key, its arguments not an object: the decoder's (transient)
+    error quotes the name; every attempt's error is redacted before the retry layer logs it
+    (a WARNING, as another attempt follows) and before it reaches the caller."""
+    caplog.set_level("INFO", logger="celldialog.llm.retry")
+    body = render_completion(REPLY)
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    body["choices"][0]["message"]["tool_calls"] = [{
+        "id": "call_1", "type": "function", "function": {"name": KEY, "arguments": "[1]"}}]
+    validate_completion(body)
+    srv = serve(lambda rec, ex: ex.send_json(200, body))
+    sleeps = Sleeps()
+    with pytest.raises(LLMError, match="arguments are not a JSON object") as info:
+        await adapter("openai", srv.url, retry=policy(sleeps, attempts=2)).generate(ask())
+    err = info.value
+    assert (err.fault, err.attempts, len(srv.requests)) == (Fault.TRANSIENT, 2, 2)
+    assert "'[redacted]'" in err.message
+    records = [r for r in caplog.records if r.name == "celldialog.llm.retry"]
+    assert [r.levelname for r in records] == ["WARNING", "INFO"]
+    assert "'[redacted]'" in records[0].getMessage()
+    for text in (str(err), repr(err), repr(err.args), caplog.text):
+        assert leaks(text) == []
+
+
+# -- what a reply's JSON may hold --------------------------------------------------------------
+
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+@pytest.mark.parametrize("constant", NON_FINITE)
+def test_nan_and_infinity_are_not_json(constant: str) -> None:
+    """Python's reader takes them; JSON has none, so no reply may bring one in (kept in an
+    opaque block, it would be sent back as a request that is not JSON)."""
+    for text in (constant, f'{{"a":[1,{{"b":{constant}}}]}}'):
+        for raw in (text, text.encode()):
+            with pytest.raises(ValueError, match=f"{re.escape(constant)} is not JSON"):
+                loads(raw)
+    assert not is_json_object(f'{{"type":"thinking","n":{constant}}}')
+    assert loads(f'{{"b":"{constant}","n":-1e308}}') == {"b": constant, "n": -1e308}
+    assert is_json_object('{"n":1e308}')
+
+
+THINKING = '{"type":"thinking","thinking":"Rain data wanted.","signature":"c2lnbmVk"}'
+
+
+@pytest.mark.parametrize("constant", NON_FINITE)
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_thinking_block_holding_nan_is_a_malformed_reply(
+        serve: Any, mode: str, constant: str) -> None:
+    """Anthropic's thinking block is kept whole, as an opaque block sent back verbatim: one
+    holding ``NaN`` is refused as it arrives (terminal, like any reply that is not JSON)."""
+    response = Response(message=Message(role=Role.ASSISTANT, blocks=(
+        OpaqueBlock(provider="anthropic", raw=THINKING), TextBlock(text="ok"))),
+        stop_reason=StopReason.END_TURN, usage=Usage(input_tokens=3, output_tokens=1))
+
+    def respond(rec: Recorded, ex: Exchange) -> None:
+        if mode == "generate":
+            body = message_body(response, model="claude-sonnet-4-5")
+            check_message(body)
+            body["content"][0]["n"] = NON_FINITE[constant]  # json.dumps writes the constant
+            ex.send_json(200, body)
+            return
+        ex.start_stream()
+        for name, data in stream_events(response, model="claude-sonnet-4-5"):
+            check_event(name, data)
+            if name == "content_block_start" and data["index"] == 0:
+                data["content_block"]["n"] = NON_FINITE[constant]
+            ex.send_event(json.dumps(data), name)
+
+    srv = serve(respond)
+    with pytest.raises(LLMError, match="malformed") as info:
+        await run(adapter("anthropic", srv.url), mode)
+    assert info.value.fault is Fault.TERMINAL and len(srv.requests) == 1
+
+
+async def test_tool_call_arguments_holding_nan_are_malformed_like_any_non_object(
+        serve: Any) -> None:
+    """OpenAI's arguments are the model's text: ``{"x": NaN}`` is not a JSON object, the
+    same (transient) fault as any other arguments that are not one."""
+    body = render_completion(REPLY)
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    body["choices"][0]["message"]["tool_calls"] = [{
+        "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": NaN}'}}]
+    validate_completion(body)
+    srv = serve(lambda rec, ex: ex.send_json(200, body))
+    with pytest.raises(LLMError, match="'f' arguments are not a JSON object") as info:
+        await adapter("openai", srv.url).generate(ask())
+    assert info.value.fault is Fault.TRANSIENT
+
+
 # -- 14. classification, wait hints, logging, time -------------------------------------------
 
 RATE, QUOTA = Fault.TRANSIENT, Fault.TERMINAL
@@ -432,11 +585,48 @@ async def test_a_404_names_the_url_it_asked_for(serve: Any, provider: str, mode:
     srv = serve(lambda rec, ex: ex.send_json(404, error_body(
         provider, "Not found", "not_found_error" if provider == "anthropic"
         else "invalid_request_error")))
-    root = srv.url.replace("http://", "http://user:hunter2pw@") + "/proxy"
     with pytest.raises(LLMError) as info:
-        await run(adapter(provider, root), mode)
+        await run(adapter(provider, f"{srv.url}/proxy"), mode)
     err = info.value
     assert (err.status, err.fault) == (404, Fault.TERMINAL)
     assert err.message.startswith("Not found")
     assert f"{srv.url}/proxy{ENDPOINT[provider]}" in err.message
-    assert "hunter2pw" not in str(err) and "user" not in err.message
+
+
+# What a base URL must not hold (what the message names), each behind a valid https URL:
+# never the part itself, which may be a password or a token.
+EXTRAS = {
+    "https://user:hunter2pw@gw.example/v1": "a user name or password .*Basic auth",
+    "https://hunter2pw@gw.example/v1": "a user name or password",
+    "https://gw.example/v1?key=hunter2pw": r"a query \('\?\.\.\.'\)",
+    "https://gw.example/v1?": "a query",
+    "http://127.0.0.1:8080/v1#hunter2pw": "a fragment",
+    "https://u:hunter2pw@gw.example/v1?k=1#f": "password .*; and a query .*; and a fragment",
+}
+
+
+@pytest.mark.parametrize("url", EXTRAS)
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_base_url_with_userinfo_a_query_or_a_fragment_is_refused(provider: str,
+                                                                   url: str) -> None:
+    """userinfo makes httpx send Basic auth in place of the key; the adapter's path would
+    land inside a query, or after a fragment (never sent). The message says which part and
+    to remove it, never what it held."""
+    for build in (lambda: adapter(provider, url), lambda: model_settings(
+            f"{provider}:m", api_key=KEY, base_url=url, env={},
+            dotenv_path="/nonexistent/.env")):
+        with pytest.raises(ConfigurationError, match=EXTRAS[url]) as info:
+            build()
+        text = f"{info.value} {info.value!r}"
+        assert "base URL" in text and "remove it" in text
+        assert "hunter2pw" not in text and leaks(text) == []
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080/v1", "http://localhost:11434/v1/",
+                                 "http://[::1]:8000", "https://gw.example/api/v1",
+                                 "https://gw.example:8443/openai/v1"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_the_base_urls_in_use_are_still_taken(provider: str, url: str) -> None:
+    assert isinstance(adapter(provider, url), HTTPModel)
+    assert model_settings(f"{provider}:m", api_key=KEY, base_url=url, env={},
+                          dotenv_path="/nonexistent/.env").base_url == url

@@ -68,6 +68,8 @@ NOT_HONOURED = {
     "test_adapter_refuses_to_send_a_key_over_plain_http": "no key and no URL",
     "test_connection_refused_is_retried_then_a_transient_fault": NO_HTTP,
     "test_an_owned_client_is_pooled_until_closed": "no HTTP client",
+    "test_a_key_starting_an_overlong_tool_name_is_redacted_even_in_part": "no key: nothing "
+    "to leak, and the model names only the tools it was given",
     "test_a_given_client_is_used_and_left_open": "no HTTP client",
     "test_reasoning_tokens_are_reported_where_the_provider_counts_them": "the grammar gives "
     "the small model no thinking phase: every token it writes is the reply, so "

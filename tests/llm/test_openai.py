@@ -375,6 +375,11 @@ async def test_openai_opaque_block_is_spliced_verbatim_as_a_content_part(fake: F
             Message(role=Role.ASSISTANT, blocks=(OpaqueBlock(provider="openai", raw="[1]"),)),
             "JSON object",
         ),
+        (  # Python's reader takes NaN, JSON has none: spliced in, the body would not be JSON
+            Message(role=Role.ASSISTANT, blocks=(OpaqueBlock(
+                provider="openai", raw='{"type":"refusal","refusal":"no","n":NaN}'),)),
+            "JSON object",
+        ),
     ],
 )
 async def test_requests_we_cannot_express_are_refused_before_sending(
@@ -1050,3 +1055,33 @@ async def test_the_fake_rejects_requests_the_api_would(fake: FakeOpenAI) -> None
         )
     assert r.status_code == 400 and len(fake.rejected) == 1
     assert fake.remaining() == 1
+
+
+async def test_a_stream_may_open_only_so_many_tool_calls(server: Any) -> None:
+    """Deltas that only name a new index cost no reply characters: past
+    ``MAX_STREAMED_CALLS`` of them the reply is malformed, not held."""
+    from runtime.llm.providers.openai import MAX_STREAMED_CALLS
+
+    def opening(n: int) -> list[str]:
+        return [json.dumps(chunk({"tool_calls": [{"index": i}]})) for i in range(n)]
+
+    srv = server(sse(*opening(MAX_STREAMED_CALLS + 1), done=True))
+    with pytest.raises(LLMError, match="MAX_STREAMED_CALLS") as info:
+        await assemble(OpenAIModel("m", base_url=f"{srv.url}/v1",
+                                   retry=policy(Sleeps(), 1)).stream(ask()))
+    assert info.value.fault is Fault.TERMINAL
+    srv = server(sse(*opening(MAX_STREAMED_CALLS), done=True))  # at the cap: on to the end
+    with pytest.raises(LLMError, match="never got a name"):
+        await assemble(OpenAIModel("m", base_url=f"{srv.url}/v1",
+                                   retry=policy(Sleeps(), 1)).stream(ask()))
+
+
+@pytest.mark.parametrize("index", [-2, "0", 1.5, None])
+async def test_a_tool_call_index_that_is_not_a_count_is_malformed(server: Any,
+                                                                  index: Any) -> None:
+    bad = chunk({"tool_calls": [{"index": index, "id": "c1", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": "{}"}}]})
+    srv = server(sse(chunk({"role": "assistant", "content": "Hi"}), bad, check=False))
+    with pytest.raises(LLMError, match="malformed"):  # -2 would land on the text's index
+        await assemble(OpenAIModel("m", base_url=f"{srv.url}/v1",
+                                   retry=policy(Sleeps(), 1)).stream(ask()))

@@ -53,6 +53,7 @@ from runtime.llm import (
     run_steps,
 )
 from runtime.llm.providers.openai_responses import (
+    MAX_OUTPUT_ITEMS,
     PARTS_PER_ITEM,
     PROVIDER,
     OpenAIResponsesModel,
@@ -268,6 +269,9 @@ async def test_a_minimal_request_for_a_model_that_does_not_reason(
     ("o4-mini", True), ("o1", True), ("codex-mini-latest", True), ("openai/gpt-5", True),
     ("gpt-5-chat-latest", False), ("gpt-4.1", False), ("gpt-4o", False), ("omni", False),
     ("o", False),
+    # fine-tuned: ft:<base>:<org>:<suffix>:<id>, reasoning as its base does
+    ("ft:o4-mini-2025-04-16:acme::abc", True), ("openai/ft:gpt-5-mini:acme:x:1", True),
+    ("ft:gpt-4.1-2025-04-14:acme:o3:abc", False), ("ft:", False),
 ])
 def test_which_models_reason(name: str, reasons: bool) -> None:
     assert reasoning_model(name) is reasons
@@ -345,6 +349,10 @@ async def test_the_output_ceiling() -> None:
      "tool_result"),
     (Message(role=Role.ASSISTANT, blocks=(OpaqueBlock(provider=PROVIDER, raw="[1]"),)),
      "JSON object"),
+    # a history stored before NaN was refused: spliced in, the request would not be JSON
+    (Message(role=Role.ASSISTANT, blocks=(OpaqueBlock(
+        provider=PROVIDER, raw='{"type":"reasoning","id":"rs","summary":[],"x":NaN}'),)),
+     "JSON object"),
 ])
 async def test_requests_we_cannot_express_are_refused_before_sending(
         fake: FakeOpenAIResponses, message: Message, complaint: str) -> None:
@@ -399,23 +407,77 @@ async def test_a_tool_turn_keeps_its_reasoning(fake: FakeOpenAIResponses, mode: 
     assert fake.rejected == []
 
 
-async def test_without_the_include_a_tool_turn_loses_its_reasoning(
-        fake: FakeOpenAIResponses) -> None:
-    """Why reasoning models get the include: without it the API sends a reasoning item with
-    no encrypted content, which under ``store: false`` it cannot look up when it comes back
-    (the fake answers as the API does, 404)."""
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+async def test_reasoning_without_encrypted_content_is_left_out_of_requests(
+        fake: FakeOpenAIResponses, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A reasoning model the adapter was told does not reason gets no include, so its
+    reasoning items come back with no encrypted content; under ``store: false`` the API
+    cannot look one up (the fake answers 404, as the API does). Such an item is left out of
+    the next request, which says so in a DEBUG line: the turn loses that reasoning and goes
+    on."""
+    caplog.set_level(logging.DEBUG, logger="celldialog.llm.openai_responses")
     use = ToolUse(id="call_oslo", name="get_weather", input={"city": "Oslo"})
-    fake.script(reply(thought(), use, stop=StopReason.TOOL_USE), reply("never"))
+    fake.script(reply(thought(), use, stop=StopReason.TOOL_USE), reply("Rain in Oslo."))
     model = model_for(fake, reasoning=False)  # a reasoning model wrongly told it does not
     request = Request(messages=(Message.text(Role.USER, "Weather in Oslo?"),), tools=(WEATHER,))
-    first = (await model.generate(request)).message
+    first = (await run(model, request, mode)).message
     assert json.loads(first.blocks[0].raw)["encrypted_content"] is None  # type: ignore[union-attr]
+    assert caplog.records == []
     follow = request.model_copy(update={"messages": (*request.messages, first, Message(
         role=Role.USER, blocks=(ToolResult(tool_use_id=use.id, content="rain"),)))})
-    with pytest.raises(LLMError) as info:
-        await model.generate(follow)
-    assert (info.value.status, info.value.fault) == (404, Fault.TERMINAL)
-    assert "not persisted" in info.value.message
+    assert (await run(model, follow, mode)).message.text_content() == "Rain in Oslo."
+    assert fake.requests[1].body["input"] == [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": "call_oslo", "name": "get_weather",
+         "arguments": '{"city":"Oslo"}'},
+        {"type": "function_call_output", "call_id": "call_oslo", "output": "rain"},
+    ]
+    assert fake.rejected == []
+    [record] = caplog.records
+    assert record.levelno == logging.DEBUG
+    assert "1 reasoning item(s) without encrypted content" in record.getMessage()
+    assert "reasoning=True" in record.getMessage()
+
+
+async def test_a_fine_tuned_reasoning_model_keeps_its_reasoning(fake: FakeOpenAIResponses,
+                                                                ) -> None:
+    """``ft:o4-mini-...`` reasons: it gets the include, and its reasoning goes back whole."""
+    use = ToolUse(id="call_oslo", name="get_weather", input={"city": "Oslo"})
+    fake.script(reply(thought(), use, stop=StopReason.TOOL_USE), reply("Rain in Oslo."))
+    model = OpenAIResponsesModel("ft:o4-mini-2025-04-16:acme::abc", api_key=API_KEY,
+                                 base_url=fake.base_url)
+    request = Request(messages=(Message.text(Role.USER, "Weather in Oslo?"),), tools=(WEATHER,))
+    first = (await model.generate(request)).message
+    assert first.blocks == (thought(), use)
+    follow = request.model_copy(update={"messages": (*request.messages, first, Message(
+        role=Role.USER, blocks=(ToolResult(tool_use_id=use.id, content="rain"),)))})
+    await model.generate(follow)
+    assert all(r.body["include"] == ["reasoning.encrypted_content"] for r in fake.requests)
+    assert fake.requests[1].body["input"][1] == REASONING
+    assert REASONING_RAW.encode() in fake.requests[1].raw and fake.rejected == []
+
+
+@pytest.mark.parametrize(("item", "sent"), [
+    ({**REASONING, "encrypted_content": None}, False),
+    ({k: v for k, v in REASONING.items() if k != "encrypted_content"}, False),
+    ({**REASONING, "encrypted_content": ""}, False),
+    ({**REASONING, "encrypted_content": 7}, False),
+    (REASONING, True),
+    # only reasoning is looked up by its id: other items the port does not model go back
+    ({"id": "ws_1", "type": "web_search_call", "status": "completed",
+      "action": {"type": "search", "query": "rain"}}, True),
+])
+def test_which_opaque_items_go_back(item: dict[str, Any], sent: bool) -> None:
+    raw = json.dumps(item, separators=(",", ":"))
+    request = Request(messages=(Message.text(Role.USER, "Hi"), Message(
+        role=Role.ASSISTANT, blocks=(OpaqueBlock(provider=PROVIDER, raw=raw),
+                                     TextBlock(text="Hello."))),
+        Message.text(Role.USER, "Again")))
+    wire = OpenAIResponsesModel("gpt-4.1", api_key=API_KEY).encode(request, stream=False)
+    assert (raw.encode() in wire) is sent
+    assert json.loads(wire)["input"][1:] == [
+        *([item] if sent else []), {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Again"}]
 
 
 # -- decoding ---------------------------------------------------------------------------------
@@ -736,6 +798,9 @@ def _hostile_bodies() -> list[Any]:
     bad_text = json.loads(json.dumps(base))
     bad_text["output"][1]["content"][0]["text"] = {"html": "<b>"}
     out += [bad_call, nameless, bad_text, {**base, "model": 42}, {**base, "output": [7]}]
+    for number in (float("nan"), float("inf"), float("-inf")):  # sent as NaN, Infinity
+        thinking = {**base["output"][0], "x": number}
+        out.append({**base, "output": [thinking, *base["output"][1:]]})
     for count in (float("nan"), -1, 2**60, 12.5, True, "12"):
         out.append({**base, "usage": {**base["usage"], "output_tokens": count}})
     return out
@@ -774,6 +839,7 @@ def _hostile_streams() -> list[list[Any]]:
         ["[1, 2]"],
         [json.dumps({**events[-1], "response": {**events[-1]["response"], "usage": usage}})],
         edited("response.output_item.added", item={"type": "function_call", "name": 7}),
+        edited("response.output_item.done", item={**REASONING, "x": float("nan")}),
     ]
 
 
@@ -786,6 +852,83 @@ async def test_hostile_streams_are_malformed_not_crashes(server: Any, events: li
         await assemble(local(srv, retry=policy(sleeps, 3)).stream(ask()))
     assert info.value.fault is Fault.TERMINAL and info.value.provider == PROVIDER
     assert len(srv.requests) == 1 and sleeps.waits == []
+
+
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+@pytest.mark.parametrize("number", ["1e999", "-1E400"])
+async def test_an_item_with_a_number_json_cannot_carry_is_malformed(
+        server: Any, mode: str, number: str) -> None:
+    """``1e999`` is JSON, but Python reads it as Infinity, which an opaque block would send
+    back as ``Infinity``: not JSON. The reply is refused, never kept to break every later
+    request."""
+    want = reply(thought({**REASONING, "x": 0}), "ok")
+    wire = json.dumps(render_response(want)).replace('"x": 0', f'"x": {number}', 1)
+    events = [json.dumps(e) for e in render_events(want)]
+    done = next(i for i, e in enumerate(events) if "response.output_item.done" in e)
+    events[done] = events[done].replace('"x": 0', f'"x": {number}', 1)
+    assert number in wire and number in events[done]
+    srv = server((lambda rec, ex: ex.send_bytes(200, wire.encode())) if mode == "generate"
+                 else sse(*events))
+    with pytest.raises(LLMError, match="malformed") as info:
+        await run(local(srv, retry=policy(Sleeps(), 3)), ask(), mode)
+    assert info.value.fault is Fault.TERMINAL and len(srv.requests) == 1
+
+
+def _items_added(count: int) -> list[str]:
+    """A stream that announces ``count`` reasoning items and says nothing more of them, then
+    completes (an item never finished and not in the output is not a block)."""
+    events = render_events(reply("ok"))
+    added = [{"type": "response.output_item.added", "sequence_number": 10 + i,
+              "output_index": 1 + i, "item": {"id": f"rs_{i}", "type": "reasoning",
+                                              "summary": []}} for i in range(count)]
+    validate_event(added[0])
+    return [json.dumps(e) for e in (*events[:-1], *added, events[-1])]
+
+
+@pytest.mark.parametrize(("extra", "ok"), [(MAX_OUTPUT_ITEMS - 1, True),
+                                           (MAX_OUTPUT_ITEMS, False)])
+async def test_output_items_are_capped_in_a_stream(server: Any, extra: int, ok: bool) -> None:
+    """An item's ``added`` event carries nothing the reply cap counts, so the number of
+    items is capped on its own: past ``MAX_OUTPUT_ITEMS`` (here the message and ``extra``
+    reasoning items) the reply is malformed, before the decoder holds any more."""
+    srv = server(sse(*_items_added(extra)))
+    model = local(srv, retry=policy(Sleeps(), 3))
+    if ok:
+        assert (await assemble(model.stream(ask()))).message.text_content() == "ok"
+        return
+    with pytest.raises(LLMError, match=f"more than {MAX_OUTPUT_ITEMS:,} output items") as info:
+        await assemble(model.stream(ask()))
+    assert info.value.fault is Fault.TERMINAL and len(srv.requests) == 1
+
+
+@pytest.mark.parametrize(("count", "ok"), [(MAX_OUTPUT_ITEMS, True),
+                                           (MAX_OUTPUT_ITEMS + 1, False)])
+async def test_output_items_are_capped_in_a_body(server: Any, count: int, ok: bool) -> None:
+    """The same cap for ``generate``: a stream and a body of one reply agree."""
+    wire = render_response(reply("ok"))
+    wire["output"] += [{"id": f"rs_{i}", "type": "reasoning", "summary": []}
+                       for i in range(count - 1)]
+    srv = server(body(wire))
+    model = local(srv, retry=policy(Sleeps(), 3))
+    if ok:
+        got = await model.generate(ask())
+        assert len(got.message.blocks) == count
+        return
+    with pytest.raises(LLMError, match=f"more than {MAX_OUTPUT_ITEMS:,} output items") as info:
+        await model.generate(ask())
+    assert info.value.fault is Fault.TERMINAL and len(srv.requests) == 1
+
+
+async def test_empty_text_deltas_leave_the_text_to_the_done_item(server: Any) -> None:
+    """A delta with no text says nothing of its part (nor is it kept): the part's text then
+    comes whole with its item, as in the body."""
+    want = reply("Hello there.")
+    events = render_events(want)
+    for e in events:
+        if e["type"] == "response.output_text.delta":
+            e["delta"] = ""
+    srv = server(sse(*events))
+    assert await assemble(local(srv).stream(ask())) == want
 
 
 async def test_a_call_that_never_gets_a_name_is_malformed(server: Any) -> None:
@@ -812,7 +955,9 @@ async def test_bad_and_deep_arguments(server: Any, mode: str) -> None:
         srv = server(body(wire) if mode == "generate" else sse(*events))
         with pytest.raises(LLMError) as info:
             await run(local(srv), ask(), mode)
-        assert info.value.fault is fault and "get_weather" in info.value.message
+        # the adapter names the call; the assembler (a stream's arguments) names its place
+        named = "get_weather" if mode == "generate" else "tool call 1 (a 11-character name)"
+        assert info.value.fault is fault and named in info.value.message
 
 
 BIG_THOUGHT = {**REASONING, "summary": [{"type": "summary_text", "text": "hm " * 2000}],
@@ -950,6 +1095,42 @@ async def test_the_key_never_appears_in_errors_reprs_or_logs(
         assert API_KEY not in text
 
 
+@pytest.mark.parametrize("mode", ["generate", "stream"])
+async def test_a_key_echoed_as_a_tool_name_is_redacted(
+        server: Any, mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A server that names a call with the key it was sent, arguments ``[1]`` (no JSON
+    object: a transient fault, retried): neither the error nor the retry layer's WARNING
+    shows the key."""
+    caplog.set_level(logging.DEBUG, logger="celldialog.llm.retry")
+    want = reply(ToolUse(id="c1", name="get_weather"), stop=StopReason.TOOL_USE)
+
+    def echo(rec: Recorded, ex: Exchange) -> None:
+        key = rec.headers["authorization"].removeprefix("Bearer ")
+        wire, events = render_response(want), render_events(want)
+        wire["output"][0].update(name=key, arguments="[1]")
+        for e in events:
+            if e["type"] in ("response.output_item.added", "response.output_item.done"):
+                e["item"]["name"] = key
+            if e["type"] == "response.function_call_arguments.delta":
+                e["delta"] = "[1]"
+        events[-1]["response"] = wire
+        (body(wire) if mode == "generate" else sse(*events))(rec, ex)
+
+    srv = server(echo)
+    with pytest.raises(LLMError) as info:
+        await run(local(srv, api_key=API_KEY, retry=policy(Sleeps(), 2)), ask(), mode)
+    assert info.value.fault is Fault.TRANSIENT and API_KEY not in repr(info.value)
+    assert API_KEY[:8] not in str(info.value) and API_KEY[-8:] not in str(info.value)
+    if mode == "generate":  # the adapter's error, redacted; a stream's names no tool
+        assert "[redacted]" in str(info.value)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    if mode == "generate":  # a stream's arguments are judged by the assembler, after it
+        assert len(srv.requests) == 2 and len(warnings) == 1
+    for text in (f"{info.value!s} {info.value!r}",
+                 *(f"{r.getMessage()} {r.args!r}" for r in caplog.records)):
+        assert API_KEY not in text
+
+
 # -- the fake against the official SDK -------------------------------------------------------
 
 
@@ -1003,12 +1184,16 @@ def test_validators_catch_drift() -> None:
 
 async def test_the_fake_refuses_what_the_api_would(fake: FakeOpenAIResponses) -> None:
     fake.script(reply("never"))
+    bare = {"type": "reasoning", "id": "rs_9", "summary": []}
     async with httpx.AsyncClient() as client:
         orphan = await client.post(f"{fake.base_url}/responses", json={
             "model": "m", "input": [{"type": "function_call_output", "call_id": "c9",
                                      "output": "x"}]})
         typo = await client.post(f"{fake.base_url}/responses",
                                  json={"model": "m", "input": "x", "max_tokens": 5})
-    assert (orphan.status_code, typo.status_code) == (400, 400)
+        unkept = await client.post(f"{fake.base_url}/responses", json={
+            "model": "m", "store": False, "input": [bare, {"role": "user", "content": "x"}]})
+    assert (orphan.status_code, typo.status_code, unkept.status_code) == (400, 400, 404)
     assert "No tool call found" in orphan.json()["error"]["message"]
-    assert len(fake.rejected) == 2 and fake.remaining() == 1
+    assert "Item with id 'rs_9' not found" in unkept.json()["error"]["message"]
+    assert len(fake.rejected) == 3 and fake.remaining() == 1

@@ -142,6 +142,31 @@ def test_base_url_variable_and_its_default_path(preset: str, url: str, want: str
     assert given.base_url == want  # an argument is completed the same way
 
 
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a_preset_built_directly_completes_its_base_url_as_resolve_does(preset: str,
+                                                                        none: Path) -> None:
+    p = PRESETS[preset]
+    for url, want in (("http://127.0.0.1:9000", f"http://127.0.0.1:9000{p.default_path}"),
+                      ("http://127.0.0.1:9000/", f"http://127.0.0.1:9000{p.default_path}"),
+                      ("http://127.0.0.1:9000/custom", "http://127.0.0.1:9000/custom")):
+        model = OpenAIModel("m", SECRET, url, preset=preset)
+        assert model._base_url == want  # type: ignore[attr-defined]
+        resolved = resolve_model(f"{preset}:m", api_key=SECRET, base_url=url, env={},
+                                 dotenv_path=none)
+        assert resolved._base_url == want  # type: ignore[attr-defined]
+
+
+async def test_a_preset_built_directly_on_a_servers_root_reaches_its_api() -> None:
+    """``OpenAIModel(..., base_url="http://localhost:11434", preset="ollama")``, the root as
+    other tools configure it: the request goes to ``/v1/chat/completions``, not a 404."""
+    with FakeOpenAI() as fake:
+        fake.script(reply("ok"), reply("ok"))
+        model = OpenAIModel("qwen2.5:7b", base_url=fake.url, preset="ollama")
+        assert (await model.generate(ask())).message.text_content() == "ok"
+        assert (await assemble(model.stream(ask()))).message.text_content() == "ok"
+    assert [r.path for r in fake.requests] == ["/v1/chat/completions"] * 2
+
+
 @pytest.mark.parametrize(("host", "want"), [
     ("0.0.0.0", "http://127.0.0.1:11434/v1"),  # bound everywhere: reached on loopback
     ("0.0.0.0:11500", "http://127.0.0.1:11500/v1"),

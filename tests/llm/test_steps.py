@@ -339,7 +339,7 @@ async def test_arguments_nested_too_deeply_are_a_terminal_malformed_reply() -> N
     assert outcome.status is StepsStatus.ERROR and outcome.messages == ()
     error = outcome.error
     assert error is not None and error.fault is Fault.TERMINAL
-    assert "nest too deeply" in error.message and "get_weather" in error.message
+    assert "nest too deeply" in error.message and "tool call 1" in error.message
     with pytest.raises(LLMError, match="nest too deeply"):  # and for any model's generate
         await ScriptedModel([events]).generate(Request())
 
@@ -821,3 +821,17 @@ async def test_on_response_hears_each_complete_reply_before_it_is_appended() -> 
                     sink=StepSink(on_response=on_response, on_message=on_message))
     assert heard == [("response", "tool_use"), ("message", "assistant"), ("message", "user"),
                      ("response", "end_turn"), ("message", "assistant")]
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+async def test_arguments_holding_what_json_has_not_are_a_malformed_reply(number: str) -> None:
+    """Python's reader takes these; kept in a history, one would make every later request
+    invalid JSON. The assembler refuses them, and never quotes the provider's tool name."""
+    events = [ToolCallStart(index=0, id="call_a", name="get_weather"),
+              ToolCallDelta(index=0, arguments='{"city": ' + number + "}"),
+              ToolCallEnd(index=0), Stop(stop_reason=StopReason.TOOL_USE)]
+    outcome = await steps(ScriptedModel([events]), tools=Tools())
+    error = outcome.error
+    assert outcome.status is StepsStatus.ERROR and outcome.messages == ()
+    assert error is not None and "not JSON" in error.message
+    assert "get_weather" not in error.message and "tool call 1" in error.message

@@ -18,10 +18,14 @@ other's pool.
 Secrets. Error messages are built here and in the provider modules in our own words, never
 from httpx's (which may carry request data). Anything a server echoes back has the key
 replaced by ``[redacted]`` first and is cut to ``MAX_MESSAGE_CHARS`` after (``redact``: in
-that order, so a cut can never leave a fragment of the key). At most ``ERROR_BODY_LIMIT``
-bytes of an error body are read. An ``LLMError`` leaving an adapter has no ``__cause__`` and
-no ``__context__``: the exceptions underneath hold the request (with its key) or the raw
-body, so the type of the underlying error is named in the message instead.
+that order, so a cut can never leave a fragment of the key). A server may also echo the key
+where a decoder quotes the reply (a tool named with it), and a decoder cuts what it quotes:
+so every ``LLMError`` leaving an attempt, whatever raised it, has the model's secrets (its
+key; Azure's tokens) and every piece of them ``SECRET_PIECE`` characters or longer redacted
+once more (``HTTPModel._redacted``), before the retry layer logs it. At most
+``ERROR_BODY_LIMIT`` bytes of an error body are read. An ``LLMError`` leaving an adapter has
+no ``__cause__`` and no ``__context__``: the exceptions underneath hold the request (with its
+key) or the raw body, so the type of the underlying error is named in the message instead.
 
 Time. Every call has two wall-clock deadlines, both anyio cancel scopes (``limits``):
 ``timeout`` bounds one attempt, from connecting to the reply's last byte, and the retry
@@ -49,7 +53,9 @@ no provider would take back is replaced (``CallIds``) before it is counted or ke
 
 Text. What a provider sends is decoded with ``loads``, which replaces the lone surrogates a
 ``\\ud800`` escape produces (``runtime._text``): such text would be refused by the
-vocabulary and could not be sent back. A request always encodes (``encode_text``): a
+vocabulary and could not be sent back. It refuses ``NaN`` and ``Infinity``, which Python's
+reader takes but JSON has not: kept in an opaque block or a tool call's input, one would go
+back out as a request that is not JSON. A request always encodes (``encode_text``): a
 surrogate that reached a history anyway (an old stored one) is replaced as it is sent.
 
 Protocol errors. A 2xx reply whose body is not JSON, or JSON of the wrong shape, a stream
@@ -75,6 +81,7 @@ import anyio
 import httpx
 
 from ..._text import scrub, scrub_text
+from .._json import decode as decode_json
 from ..errors import ConfigurationError, Fault, LLMError, cap_message, quota_exhausted, retry_class
 from ..events import (
     StreamEvent,
@@ -174,11 +181,12 @@ def loads(raw: str | bytes) -> Any:
     (``"\\ud800"``) replaced by U+FFFD. Bytes must be UTF-8 (``json.loads`` alone would
     let surrogates through as CESU bytes), and decoded text cannot hold a surrogate, so only
     a body with a ``\\ud`` escape is walked: the common case costs two substring searches.
-    Raises ``ValueError`` (``UnicodeDecodeError`` included) for what is not JSON, ``TooDeep``
-    (one) for JSON nested past the recursion limit."""
+    Raises ``ValueError`` (``UnicodeDecodeError`` included) for what is not JSON, ``NaN``,
+    ``Infinity`` and numbers past a float's range included (``runtime.llm._json``),
+    ``TooDeep`` (one) for JSON nested past the recursion limit."""
     text = raw.decode() if isinstance(raw, bytes) else raw
     try:
-        value = json.loads(text)
+        value = decode_json(text)
         if "\\ud" in text or "\\uD" in text:
             value = scrub(value)
     except RecursionError:
@@ -187,10 +195,11 @@ def loads(raw: str | bytes) -> Any:
 
 
 def is_json_object(raw: str) -> bool:
-    """Whether ``raw`` is the JSON text of one object (what an opaque block must be)."""
+    """Whether ``raw`` is the JSON text of one object (what an opaque block must be): not
+    ``NaN`` or ``Infinity`` anywhere in it, as ``loads`` refuses them."""
     try:
-        return isinstance(json.loads(raw), dict)
-    except ValueError:
+        return isinstance(decode_json(raw), dict)
+    except (ValueError, RecursionError):
         return False
 
 
@@ -206,12 +215,48 @@ def cut_short(provider: str, what: str) -> LLMError:
     return LLMError(what, fault=Fault.TRANSIENT, provider=provider)
 
 
-def redact(text: str, secret: str) -> str:
-    """``text`` with every occurrence of ``secret`` replaced by ``[redacted]``, *then* cut to
-    ``MAX_MESSAGE_CHARS``: in that order, so no cut can leave part of the secret behind."""
-    if secret:
-        text = text.replace(secret, "[redacted]")
+SECRET_PIECE = 8
+"""The shortest piece of a secret ``redact`` finds on its own: a decoder quoting a server's
+text cuts it (a tool name to 200 characters), and a message already cut to
+``MAX_MESSAGE_CHARS`` may end in the start of a key. Eight characters of a random key say
+nothing useful; a common prefix (``sk-proj-``) is redacted too, which costs nothing."""
+
+
+def redact(text: str, *secrets: str) -> str:
+    """``text`` with every occurrence of each secret, and every run of its pieces of
+    ``SECRET_PIECE`` characters or more, replaced by ``[redacted]``, *then* cut to
+    ``MAX_MESSAGE_CHARS``: in that order, so no cut can leave part of a secret behind."""
+    for secret in secrets:
+        if secret:
+            text = _without_pieces(text.replace(secret, "[redacted]"), secret)
     return cap_message(text)
+
+
+def _without_pieces(text: str, secret: str) -> str:
+    """``text`` with every run of characters covered by ``SECRET_PIECE``-long pieces of
+    ``secret`` replaced by one ``[redacted]``. A secret that short is only ever whole."""
+    size = SECRET_PIECE
+    if len(secret) <= size or len(text) < size:
+        return text
+    pieces = {secret[i:i + size] for i in range(len(secret) - size + 1)}
+    covered_to = -1  # the end of the run being covered, exclusive
+    runs: list[tuple[int, int]] = []
+    for i in range(len(text) - size + 1):
+        if text[i:i + size] in pieces:
+            if runs and i <= covered_to:
+                runs[-1] = (runs[-1][0], i + size)
+            else:
+                runs.append((i, i + size))
+            covered_to = i + size
+    if not runs:
+        return text
+    out: list[str] = []
+    last = 0
+    for start, end in runs:
+        out += (text[last:start], "[redacted]")
+        last = end
+    out.append(text[last:])
+    return "".join(out)
 
 
 def body_text(raw: bytes) -> str:
@@ -393,43 +438,51 @@ class HTTPModel(ABC):
     async def _generate_attempt(self, body: bytes) -> Response:
         """One ``generate`` attempt under its deadline, its reply held to ``reply_chars``
         (thinking counted as its blocks' JSON) and its tool names to
-        ``MAX_TOOL_NAME_CHARS``."""
-        response = await self._generate_once(body, Deadline(self._seconds))
-        size = 0
-        for block in response.message.blocks:
-            if isinstance(block, TextBlock):
-                size += len(block.text)
-            elif isinstance(block, ToolUse):
-                if len(block.name) > MAX_TOOL_NAME_CHARS:
-                    raise self._name_too_long(block.name)
-                size += len(compact_json(block.input)) + len(block.name) + len(block.id)
-            elif isinstance(block, OpaqueBlock):
-                size += len(block.raw)
-        if size > self._limits.reply_chars:
-            raise self._too_large()
+        ``MAX_TOOL_NAME_CHARS``; an ``LLMError`` ends it ``_redacted``."""
+        try:
+            response = await self._generate_once(body, Deadline(self._seconds))
+            size = 0
+            for block in response.message.blocks:
+                if isinstance(block, TextBlock):
+                    size += len(block.text)
+                elif isinstance(block, ToolUse):
+                    if len(block.name) > MAX_TOOL_NAME_CHARS:
+                        raise self._name_too_long(block.name)
+                    size += len(compact_json(block.input)) + len(block.name) + len(block.id)
+                elif isinstance(block, OpaqueBlock):
+                    size += len(block.raw)
+            if size > self._limits.reply_chars:
+                raise self._too_large()
+        except LLMError as e:
+            self._redacted(e)
+            raise
         return response
 
     async def _stream_attempt(self, body: bytes, call: CallDeadline) -> AsyncIterator[StreamEvent]:
         """One streaming attempt under its deadline (or the call's, if sooner), checked at
         every network wait and before every event (one read may hold hundreds: a slow
         consumer must not outlive the deadline by their sum), its reply held to
-        ``reply_chars``."""
+        ``reply_chars``; an ``LLMError`` ends it ``_redacted``."""
         deadline = Deadline(self._seconds, call)
         budget = ReplyBudget(self._limits.reply_chars, self._too_large)
-        async with aclosing(self._stream_once(body, deadline, budget)) as events:
-            async for event in events:
-                if deadline.passed():
-                    raise self._timed_out(deadline)
-                kind = type(event)
-                if kind is TextDelta:
-                    budget.spend(len(event.text))
-                elif kind is ToolCallDelta:
-                    budget.spend(len(event.arguments))
-                elif kind is ToolCallStart:
-                    if len(event.name) > MAX_TOOL_NAME_CHARS:
-                        raise self._name_too_long(event.name)
-                    budget.spend(len(event.name) + len(event.id))
-                yield event
+        try:
+            async with aclosing(self._stream_once(body, deadline, budget)) as events:
+                async for event in events:
+                    if deadline.passed():
+                        raise self._timed_out(deadline)
+                    kind = type(event)
+                    if kind is TextDelta:
+                        budget.spend(len(event.text))
+                    elif kind is ToolCallDelta:
+                        budget.spend(len(event.arguments))
+                    elif kind is ToolCallStart:
+                        if len(event.name) > MAX_TOOL_NAME_CHARS:
+                            raise self._name_too_long(event.name)
+                        budget.spend(len(event.name) + len(event.id))
+                    yield event
+        except LLMError as e:
+            self._redacted(e)
+            raise
 
     async def aclose(self) -> None:
         """Close the HTTP client if this model created it (a given one is left open)."""
@@ -522,6 +575,20 @@ class HTTPModel(ABC):
 
     # -- errors ----------------------------------------------------------------------------
 
+    def _secrets(self) -> tuple[str, ...]:
+        """What no message may show: the key (Azure adds the tokens it was given)."""
+        return (self._key,)
+
+    def _redacted(self, error: LLMError) -> LLMError:
+        """``error`` with this model's secrets redacted from its message, in place: the one
+        pass every error leaving an attempt gets, whoever raised it (a decoder quoting the
+        server's tool name, the retry layer's deadline) and whatever it quotes."""
+        message = redact(error.message, *self._secrets())
+        if message != error.message:
+            error.message = message
+            error.args = (message,)
+        return error
+
     def _error(
         self,
         message: str,
@@ -531,7 +598,7 @@ class HTTPModel(ABC):
     ) -> LLMError:
         """An ``LLMError`` from this provider, its message ``redact``ed."""
         return LLMError(
-            redact(message, self._key),
+            redact(message, *self._secrets()),
             fault=fault,
             provider=self.PROVIDER,
             status=status,

@@ -51,13 +51,25 @@ Wire mapping, in brief:
   adjacent thought parts one opaque block, so a stream (which cuts parts into pieces)
   assembles to exactly what ``generate`` returns: both run the same decoder
   (``ChunkDecoder``), ``generate`` over its one response.
+- **A model turn Gemini did not sign gets Google's placeholder signature (Decision).** A
+  history from another provider, a ``ScriptedModel``, a store written before signatures were
+  kept, or a 2.x model has function calls with no signature, and Gemini 3 answers 400
+  ("Function call is missing a thought_signature") to every retry. Google documents a dummy
+  value for exactly this case, ``skip_thought_signature_validator``; the field is bytes, so
+  on the wire it is their base64. For the models that check (every ``thinking_style`` but
+  ``"budget"``), it goes on the first ``functionCall`` part of each model turn whose first
+  call has no signature of its own (Gemini checks that part of each step); a real signature
+  is never replaced, and nothing is added for the 1.x / 2.x models.
 - ``tool_choice`` is ``toolConfig.functionCallingConfig``: ``ANY`` for ``required``, ``ANY``
   with ``allowedFunctionNames`` for a named tool, ``NONE`` for ``none``; ``auto`` (the
   default) and any choice without tools are not sent.
 - ``generationConfig``: ``maxOutputTokens`` (the request's ``max_tokens``, else the
   constructor's, else the model's own limit), ``temperature`` / ``topP`` / ``seed`` from
   ``Sampling`` (normalised), and ``reasoning_effort`` as ``thinkingConfig``: a
-  ``thinkingLevel`` (``LOW``, ``MEDIUM``, ``HIGH``) for Gemini 3 and later, a
+  ``thinkingLevel`` (``LOW``, ``MEDIUM``, ``HIGH``) for Gemini 3 and later, except that
+  Gemini 3 Pro (``gemini-3-pro*``, style ``"low-high"``) takes only ``LOW`` and ``HIGH``
+  (it answers 400 "Thinking level MEDIUM is not supported for this model"), so ``medium``
+  is sent as ``HIGH``, its default, for it (3.1 Pro and the Flash models take ``MEDIUM``); a
   ``thinkingBudget`` of 1k / 4k / 16k tokens for the 2.x and 1.x models
   (``thinking_style``), that budget then added to ``maxOutputTokens``, which thinking
   tokens count against.
@@ -66,15 +78,28 @@ Wire mapping, in brief:
   ``output_tokens`` = ``candidatesTokenCount`` + ``thoughtsTokenCount`` (thinking is billed
   as output); no cache writes are reported. A count that is not a whole number from 0 to
   2**53, or more cached tokens than input tokens, is a malformed reply.
-- Stop reasons: ``STOP`` is ``end_turn`` (``tool_use`` with calls), ``MAX_TOKENS``
-  ``max_tokens``; the safety family (``SAFETY``, ``RECITATION``, ``BLOCKLIST``,
-  ``PROHIBITED_CONTENT``, ``SPII``, ``LANGUAGE``, the ``IMAGE_*`` ones, ``MODEL_ARMOR``) is
-  ``refusal``, with whatever content came before it. A reply the model botched
-  (``MALFORMED_FUNCTION_CALL``, ``UNEXPECTED_TOOL_CALL``, ``TOO_MANY_TOOL_CALLS``,
-  ``MALFORMED_RESPONSE``) is a transient fault, as a new sample usually differs;
-  ``MISSING_THOUGHT_SIGNATURE`` is terminal (the history lacks one, so asking again fails
-  again). A blocked prompt (``promptFeedback.blockReason``, no candidate) is terminal.
-  Any other reason (``OTHER``, ones added later) is ``end_turn``.
+- Stop reasons: ``STOP`` is ``end_turn`` (``tool_use`` with calls); ``MAX_TOKENS``, and
+  ``CONTINUATION`` (the per-request token limit cut a reply that was not done; the port
+  does not continue one), are ``max_tokens``. Output withheld by a filter is ``refusal``,
+  with whatever content came before it: ``SAFETY``, ``RECITATION``, ``BLOCKLIST``,
+  ``PROHIBITED_CONTENT``, ``SPII``, ``LANGUAGE``, ``MODEL_ARMOR``, ``ESCALATION`` (an
+  escalation rule), and the image ones ``IMAGE_SAFETY``, ``IMAGE_PROHIBITED_CONTENT``,
+  ``IMAGE_RECITATION`` and ``IMAGE_OTHER`` (an image stopped for an unnamed reason, which is
+  how an image model reports a block of no listed kind). ``NO_IMAGE`` (an image was
+  expected but the model answered without one) is ``end_turn``: the port never asks for
+  images, so the text that came is the whole, well-formed answer, nothing was withheld. A
+  reply the model botched (``MALFORMED_FUNCTION_CALL``, ``UNEXPECTED_TOOL_CALL``,
+  ``TOO_MANY_TOOL_CALLS``, ``MALFORMED_RESPONSE``) is a transient fault, as a new sample
+  usually differs; ``MISSING_THOUGHT_SIGNATURE`` is terminal (the history lacks one, so
+  asking again fails again), and so is ``PUP_LIMITED_DISABLED`` (the account is limited for
+  policy violations: every call will stop so). A blocked prompt
+  (``promptFeedback.blockReason``, no candidate) is terminal. Any other reason (``OTHER``,
+  ``FINISH_REASON_UNSPECIFIED``, ones added later) is ``end_turn``.
+- A stream ends with the chunk that carries ``finishReason``. Nothing needs to follow it;
+  what may (a relay's or a later version's tail) is a chunk with ``usageMetadata`` alone, or
+  one repeating that reason with no content (at most empty text parts): its usage is taken.
+  Any content or signature after it, or another finish reason, is a malformed reply, never
+  appended to the finished one.
 - Faults: HTTP statuses are classified as for every adapter (``retry_class``), except how a
   429 (``RESOURCE_EXHAUSTED``) tells a rate limit from an empty quota: Gemini says "You
   exceeded your current quota" for both, so its ``QuotaFailure`` details decide: a
@@ -98,7 +123,7 @@ import hashlib
 import json
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import httpx
 
@@ -156,16 +181,23 @@ THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
 """``thinkingBudget`` per ``reasoning_effort`` for the models that take a budget, and the
 headroom added to ``maxOutputTokens`` then."""
 
-ThinkingStyle = Literal["level", "budget"]
+ThinkingStyle = Literal["level", "low-high", "budget"]
 _BUDGET_MODELS = re.compile(r"^gemini-[12]\.")
+_LOW_HIGH_MODELS = re.compile(r"^gemini-3-pro(-|$)")
+_SKIP_SIGNATURE = base64.b64encode(b"skip_thought_signature_validator").decode()
+"""Google's documented dummy thought signature, for a function call Gemini did not sign
+(module doc): the bytes it names, as base64 like every signature on the wire."""
 _MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
 _VERSIONED = re.compile(r"/v\d+(alpha|beta)?\d*$")
 
+# Finish reasons (module doc): output a filter withheld, a reply cut at a token limit.
 _REFUSED = frozenset({
     "SAFETY", "RECITATION", "LANGUAGE", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII",
-    "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT", "IMAGE_RECITATION", "MODEL_ARMOR",
+    "MODEL_ARMOR", "ESCALATION", "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT",
+    "IMAGE_RECITATION", "IMAGE_OTHER",
 })
+_CUT = frozenset({"MAX_TOKENS", "CONTINUATION"})
 # Finish reasons that mean the model botched this reply: another sample usually does not.
 _RESAMPLE = frozenset({
     "MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "TOO_MANY_TOOL_CALLS",
@@ -221,6 +253,10 @@ class GeminiModel(HTTPModel):
                 "the environment or .env; the adapter never does)"
             )
         model_id = _model_id(model)
+        if thinking not in (None, *get_args(ThinkingStyle)):
+            raise ConfigurationError(
+                f"unknown Gemini thinking style {thinking!r}: use 'level' (Gemini 3 and "
+                "later), 'low-high' (Gemini 3 Pro) or 'budget' (1.x and 2.x)")
         base = (base_url or DEFAULT_BASE_URL).rstrip("/")
         method = f"{'' if _VERSIONED.search(base) else '/' + API_VERSION}/models/{model_id}"
         super().__init__(model=model_id, base_url=base, endpoint=f"{method}:generateContent",
@@ -256,7 +292,7 @@ class GeminiModel(HTTPModel):
             raw = await self._read(response)
         failure: LLMError | None = None
         try:
-            data = _loads(raw)
+            data = loads(raw)
             if isinstance(data, dict) and "error" in data and "candidates" not in data:
                 failure = self._stream_error(data["error"])
             else:
@@ -289,7 +325,7 @@ class GeminiModel(HTTPModel):
         self, decoder: ChunkDecoder, data: str
     ) -> tuple[list[StreamEvent], LLMError | None]:
         try:
-            chunk = _loads(data)
+            chunk = loads(data)
         except TooDeep:
             return [], self._malformed("a stream event nests too deeply to parse")
         except ValueError:
@@ -346,8 +382,13 @@ class GeminiModel(HTTPModel):
 
 def thinking_style(model: str) -> ThinkingStyle:
     """How ``model`` takes ``reasoning_effort``: ``"budget"`` (``thinkingBudget``) for the
-    1.x and 2.x models, ``"level"`` (``thinkingLevel``) for Gemini 3 and every later one."""
-    return "budget" if _BUDGET_MODELS.match(model.strip().lower()) else "level"
+    1.x and 2.x models, ``"low-high"`` (``thinkingLevel`` ``LOW`` or ``HIGH`` only) for
+    Gemini 3 Pro, ``"level"`` (``LOW``, ``MEDIUM``, ``HIGH``) for every other Gemini 3 and
+    every later one. The two level styles also mean the model checks thought signatures."""
+    name = model.strip().lower()
+    if _BUDGET_MODELS.match(name):
+        return "budget"
+    return "low-high" if _LOW_HIGH_MODELS.match(name) else "level"
 
 
 def _model_id(model: str) -> str:
@@ -381,8 +422,9 @@ def encode_request(
         declarations = [_declaration(t) for t in request.tools]
         fields.append(f'"tools":{compact_json([{"functionDeclarations": declarations}])}')
     names = {b.id: b.name for m in request.messages for b in m.blocks if type(b) is ToolUse}
+    signs = thinking != "budget"
     contents = [c for m in request.messages if m.role is not Role.SYSTEM
-                if (c := _encode_content(m, names)) is not None]
+                if (c := _encode_content(m, names, signs)) is not None]
     fields.append(f'"contents":[{",".join(contents)}]')
     if (choice := _tool_config(request)) is not None:
         fields.append(f'"toolConfig":{compact_json(choice)}')
@@ -444,13 +486,22 @@ def _generation_config(
     if effort is not None:
         config["thinkingConfig"] = ({"thinkingBudget": THINKING_BUDGETS[effort]}
                                     if thinking == "budget" else
-                                    {"thinkingLevel": effort.upper()})
+                                    {"thinkingLevel": _thinking_level(effort, thinking)})
     return config
 
 
-def _encode_content(message: Message, names: dict[str, str]) -> str | None:
+def _thinking_level(effort: str, thinking: ThinkingStyle) -> str:
+    """``thinkingLevel`` for ``effort``: ``medium`` is ``HIGH`` (the model's default) where
+    the model takes only ``LOW`` and ``HIGH``."""
+    if thinking == "low-high" and effort == "medium":
+        return "HIGH"
+    return effort.upper()
+
+
+def _encode_content(message: Message, names: dict[str, str], signs: bool) -> str | None:
     """One port message as a ``Content``; None when nothing of it goes to Gemini (only
-    another provider's opaque blocks, or empty text)."""
+    another provider's opaque blocks, or empty text). ``signs``: the model checks thought
+    signatures, so an unsigned model turn gets the placeholder (module doc)."""
     role = "model" if message.role is Role.ASSISTANT else "user"
     parts: list[dict[str, Any] | str] = []  # a dict is ours to sign; a str is spliced verbatim
     for block in message.blocks:
@@ -482,8 +533,18 @@ def _encode_content(message: Message, names: dict[str, str]) -> str | None:
                                "message")
     if not parts:
         return None
+    if signs and role == "model":
+        _sign_first_call(parts)
     encoded = ",".join(p if isinstance(p, str) else compact_json(p) for p in parts)
     return f'{{"role":"{role}","parts":[{encoded}]}}'
+
+
+def _sign_first_call(parts: list[dict[str, Any] | str]) -> None:
+    """Google's placeholder signature on the first ``functionCall`` part, if it has no
+    signature of its own (run once the turn's own signatures are in place)."""
+    call = next((p for p in parts if isinstance(p, dict) and "functionCall" in p), None)
+    if call is not None and "thoughtSignature" not in call:
+        call["thoughtSignature"] = _SKIP_SIGNATURE
 
 
 def _add_opaque(parts: list[dict[str, Any] | str], raw: str) -> None:
@@ -533,18 +594,6 @@ def _refused(message: str) -> LLMError:
 
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
-
-
-def _loads(raw: str | bytes) -> Any:
-    """``loads``, refusing NaN and Infinity, which Python's reader takes but JSON has not
-    (a NaN in a tool call's arguments would make every later request invalid JSON). The
-    second, checking parse runs only when such a word appears at all."""
-    value = loads(raw)
-    suspect = (b"NaN" in raw or b"Infinity" in raw) if isinstance(raw, bytes) \
-        else ("NaN" in raw or "Infinity" in raw)
-    if suspect:
-        json.loads(raw, parse_constant=_not_json)
-    return value
 
 
 def decode_response(data: Any, error: ErrorFactory | None = None) -> Response:
@@ -615,6 +664,9 @@ class ChunkDecoder:
         for candidate in candidates or []:
             if candidate.get("index", 0) != 0:  # only one is asked for
                 continue
+            if self._finish is not None:
+                self._after_finish(candidate)
+                continue
             self._candidate = True
             content = candidate.get("content") or {}
             for part in content.get("parts") or []:
@@ -638,7 +690,7 @@ class ChunkDecoder:
             raise cut_short(PROVIDER, "the stream ended before a finishReason")
         out = self._close()
         finish = self._finish or "STOP"
-        if finish == "MAX_TOKENS":
+        if finish in _CUT:
             reason = StopReason.MAX_TOKENS
         elif finish in _REFUSED:
             reason = StopReason.REFUSAL
@@ -646,6 +698,17 @@ class ChunkDecoder:
             reason = StopReason.TOOL_USE if self._calls else StopReason.END_TURN
         out.append(Stop(stop_reason=reason, model=self._model))
         return out
+
+    def _after_finish(self, candidate: dict[str, Any]) -> None:
+        """A candidate after the chunk that carried ``finishReason``: the reply is over, so
+        it may repeat that reason and hold no content (at most empty text parts); anything
+        else is malformed, never more of the reply (module doc)."""
+        finish = candidate.get("finishReason")
+        parts = (candidate.get("content") or {}).get("parts") or []
+        if (finish is not None and finish != self._finish) or any(
+                part != {"text": ""} for part in parts):
+            raise malformed(PROVIDER, "the stream went on after the chunk with its "
+                            "finishReason")
 
     def _check_finish(self, finish: str, message: Any) -> None:
         detail = f": {message}" if isinstance(message, str) and message else ""
@@ -657,6 +720,11 @@ class ChunkDecoder:
                 f"Gemini refused the history: a thought signature is missing (finishReason "
                 f"{finish}{detail}); a model turn must be sent back with the opaque blocks "
                 "it came with", Fault.TERMINAL)
+        if finish == "PUP_LIMITED_DISABLED":
+            raise self._error(
+                f"Gemini stopped: the account is limited or disabled for Prohibited Use "
+                f"Policy violations (finishReason {finish}{detail}); every call will stop "
+                "so until Google lifts it", Fault.TERMINAL)
 
     def _part(self, part: dict[str, Any]) -> list[StreamEvent]:
         if not isinstance(part, dict):

@@ -116,6 +116,7 @@ from .presets import (
     check_azure_api_version,
     check_azure_deployment,
     check_azure_endpoint,
+    with_default_path,
 )
 
 __all__ = ["DEFAULT_BASE_URL", "OPENAI_DIALECT", "PROVIDER", "AzureOpenAIModel", "Dialect",
@@ -139,6 +140,10 @@ _SHAPE_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)
 # Fixed block positions, so a stream assembles in the order ``generate`` decodes: the text,
 # then a refusal, then the tool calls by their wire index.
 _CONTENT, _REFUSAL, _FIRST_CALL = 0, 1, 2
+MAX_STREAMED_CALLS = 4096
+"""Tool calls one streamed reply may open (distinct wire ``index`` values). A delta that
+only names an index costs no reply characters, so without a cap a server could make this
+process hold state for millions of them; no model's reply holds that many calls."""
 
 
 @dataclass(frozen=True)
@@ -183,9 +188,10 @@ class OpenAIModel(HTTPModel):
     leaves the machine). A base URL that is not https, or http to loopback, is refused.
 
     ``preset`` names a known compatible server (``presets.PRESETS``: ``"ollama"``,
-    ``"groq"``...): its default base URL, whether it needs a key, its ``Dialect``, and its
-    name as ``provider``. A loopback server and every preset get the ceiling as
-    ``max_tokens``; OpenAI gets ``max_completion_tokens``.
+    ``"groq"``...): its default base URL (and its API path, added to a given ``base_url``
+    without one: ``http://localhost:11434`` is Ollama's ``.../v1``), whether it needs a key,
+    its ``Dialect``, and its name as ``provider``. A loopback server and every preset get
+    the ceiling as ``max_tokens``; OpenAI gets ``max_completion_tokens``.
 
     Safe for concurrent use. Without ``http_client`` it owns one pooled client, created on
     first use and released by ``aclose()`` (or ``async with``); it belongs to the event loop
@@ -215,6 +221,8 @@ class OpenAIModel(HTTPModel):
         if server is not None:  # its own name and label, in messages, logs and ``provider``
             self.PROVIDER, self.LABEL = server.name, server.label  # type: ignore[misc]
         key = api_key or ""
+        if base_url and server is not None:  # its API's path, as resolve_model adds it
+            base_url = with_default_path(base_url, server)
         base = (base_url or (server.base_url if server else DEFAULT_BASE_URL)).rstrip("/")
         local = is_loopback_url(base)
         if not key and not local and (server is None or server.key_required):
@@ -581,7 +589,14 @@ class ChunkDecoder:
 
     def _call(self, delta: dict[str, Any]) -> list[StreamEvent]:
         i = delta["index"]
-        call = self._calls.setdefault(i, _Call())
+        if type(i) is not int or i < 0:  # a negative one would land on the text's index
+            raise ValueError("a tool call's index is not a count")
+        call = self._calls.get(i)
+        if call is None:
+            if len(self._calls) >= MAX_STREAMED_CALLS:
+                raise _malformed(f"the stream opens more than {MAX_STREAMED_CALLS:,} tool calls "
+                                 "(MAX_STREAMED_CALLS): no model's reply holds that many")
+            call = self._calls[i] = _Call()
         function = delta.get("function") or {}
         arguments = function.get("arguments") or ""
         if call.started:
@@ -830,8 +845,6 @@ class AzureOpenAIModel(OpenAIModel):
             self._tokens.append(token)
         return token
 
-    def _error(self, message: str, fault: Fault, status: int | None = None,
-               retry_after: float | None = None) -> LLMError:
-        for token in getattr(self, "_tokens", ()):  # a server may echo the bearer token
-            message = message.replace(token, "[redacted]")
-        return super()._error(message, fault, status, retry_after)
+    def _secrets(self) -> tuple[str, ...]:
+        # a server may echo the bearer token too
+        return (*super()._secrets(), *getattr(self, "_tokens", ()))

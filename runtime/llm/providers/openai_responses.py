@@ -14,11 +14,17 @@ Choices worth knowing:
   item as received in compact JSON, and is spliced back into ``input`` byte for byte at its
   place, before the message or function call it led to: a multi-step tool turn keeps its
   reasoning. Any other output item the port does not model travels the same way.
+- **A reasoning item without encrypted content is not sent back.** Under ``store: false``
+  the API can only look such an item up by its id, which it never kept: it answers 404
+  ("Item with id 'rs_...' not found"). A model the adapter did not know to reason (so
+  asked for no ``include``) leaves such items in a history; they are dropped from every
+  request (a DEBUG line on ``celldialog.llm.openai_responses`` says how many and why), so
+  that turn's reasoning is lost, and the conversation goes on. ``reasoning=True`` keeps it.
 - **Which models reason**: ``reasoning_model(name)`` (the o-series, ``gpt-5`` but its
-  ``-chat`` variants, ``codex-*``), or the constructor's ``reasoning=``; a request with a
-  ``reasoning_effort`` counts as one. No other request gets the ``include``: a model that
-  does not reason answers it with a 400 ("Encrypted content is not supported with this
-  model").
+  ``-chat`` variants, ``codex-*``, and fine-tuned ones, ``ft:<base>:...``, by their base),
+  or the constructor's ``reasoning=``; a request with a ``reasoning_effort`` counts as one.
+  No other request gets the ``include``: a model that does not reason answers it with a 400
+  ("Encrypted content is not supported with this model").
 - The system prompt is ``instructions``. Each port message becomes input items in its
   order: a user message's tool results first, one ``function_call_output`` each (``call_id``
   is the id that pairs it with its ``function_call``; the wire has no error flag, so a
@@ -54,16 +60,22 @@ Choices worth knowing:
   Event types this adapter does not know are skipped. What an item holds back before it
   becomes an event (arguments before its call's name, reasoning deltas) counts toward the
   reply cap as it arrives.
+- A reply may hold at most ``MAX_OUTPUT_ITEMS`` output items (body or stream): an item's
+  ``added`` event carries no characters the reply cap would count, so without this cap a
+  stream of them grew the decoder's state without bound (200,000 cost 100 MB).
 - Anything the server sends is checked: wrong types, token counts that are not
-  non-negative integers below 2**53, a call without a name are malformed replies
-  (terminal); arguments that are no JSON object are transient, as in Chat Completions; a
-  missing, repeated or unreplayable ``call_id`` gets a fresh one (``CallIds``).
+  non-negative integers below 2**53, a call without a name, an output item holding a
+  number JSON cannot carry (NaN, or an Infinity such as ``1e999`` decodes to: it could
+  never be sent back) are malformed replies (terminal); arguments that are no JSON object
+  are transient, as in Chat Completions; a missing, repeated or unreplayable ``call_id``
+  gets a fresh one (``CallIds``).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -109,20 +121,26 @@ from ._http import (
     compact_json,
     cut_short,
     encode_text,
-    is_json_object,
     loads,
     malformed,
 )
 from ._sse import SSEEvent, iter_sse
 from .openai import DEFAULT_BASE_URL, _error_fields
 
-__all__ = ["PARTS_PER_ITEM", "PROVIDER", "EventDecoder", "OpenAIResponsesModel",
-           "decode_response", "encode_request", "reasoning_model"]
+__all__ = ["MAX_OUTPUT_ITEMS", "PARTS_PER_ITEM", "PROVIDER", "EventDecoder",
+           "OpenAIResponsesModel", "decode_response", "encode_request", "reasoning_model"]
+
+log = logging.getLogger("celldialog.llm.openai_responses")
 
 PROVIDER = "openai-responses"
 PARTS_PER_ITEM = 1024
 """Content parts an output item may have: a stream block's index is ``output_index *
 PARTS_PER_ITEM + content_index``."""
+MAX_OUTPUT_ITEMS = 4096
+"""The most output items one reply may hold, in a body or a stream; past it the reply is
+malformed (terminal). A reply holds a reasoning item, a message and its function calls:
+a few, or a few dozen with parallel calls. Not a ``ReplyLimits`` knob: no honest reply
+comes near, and the stream decoder's state per item stays a few hundred bytes under it."""
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
 
 ReasoningSummary = Literal["auto", "concise", "detailed"]
@@ -140,8 +158,11 @@ _FINAL = ("completed", "incomplete")
 
 def reasoning_model(model: str) -> bool:
     """Whether ``model`` (an OpenAI id, maybe behind a gateway's ``vendor/`` prefix) reasons,
-    so that its requests ask for encrypted reasoning (module doc)."""
+    so that its requests ask for encrypted reasoning (module doc). A fine-tuned model
+    (``ft:<base>:<org>:<suffix>:<id>``) reasons as its base does."""
     name = model.strip().lower().rsplit("/", 1)[-1]
+    if name.startswith("ft:"):
+        name = name[3:].split(":", 1)[0]
     return _REASONING_MODELS.match(name) is not None
 
 
@@ -328,6 +349,7 @@ def encode_request(
     """The request body as deterministic JSON bytes (module doc). ``reasoning``: the model
     reasons (it gets the ``include``); ``max_tokens`` is the default output ceiling."""
     splices: list[str] = []
+    dropped: list[str] = []
     marker = f"\x00opaque-{uuid.uuid4().hex}-"
     body: dict[str, Any] = {"model": model}
     if request.tools:
@@ -337,8 +359,12 @@ def encode_request(
         body["instructions"] = request.system
     items: list[Any] = []
     for message in request.messages:
-        items.extend(_encode_message(message, splices, marker))
+        items.extend(_encode_message(message, splices, marker, dropped))
     body["input"] = items
+    if dropped:
+        log.debug("%d reasoning item(s) without encrypted content left out of the request: "
+                  "under store: false the API cannot look them up (404); a model that reasons "
+                  "keeps its reasoning with reasoning=True", len(dropped))
     if (choice := _encode_tool_choice(request)) is not None:
         body["tool_choice"] = choice
     if (limit := request.max_tokens or max_tokens) is not None:
@@ -388,9 +414,10 @@ def _encode_tool_choice(request: Request) -> str | dict[str, Any] | None:
     return choice.mode  # "required" or "none": the same words on the wire
 
 
-def _encode_message(message: Message, splices: list[str], marker: str) -> list[Any]:
+def _encode_message(message: Message, splices: list[str], marker: str, dropped: list[str],
+                    ) -> list[Any]:
     """One port message as input items, in its order; a user message's tool results first
-    (module doc)."""
+    (module doc). The opaque blocks left out (``_replayable``) go to ``dropped``."""
     role = message.role
     outputs: list[Any] = []
     items: list[Any] = []
@@ -414,10 +441,14 @@ def _encode_message(message: Message, splices: list[str], marker: str) -> list[A
             ):
                 outputs.append({"type": "function_call_output", "call_id": cid,
                                 "output": f"Error: {content}" if failed else content})
-            case OpaqueBlock(provider=provider, raw=raw):
-                if provider == PROVIDER:
+            case OpaqueBlock(provider=provider, raw=raw) if provider == PROVIDER:
+                if _replayable(raw):
                     items.append(f"{marker}{len(splices)}")
-                    splices.append(_check_opaque(raw))
+                    splices.append(raw)
+                else:
+                    dropped.append(raw)
+            case OpaqueBlock():
+                pass  # another provider's: means nothing here
             case _:
                 raise _refused(f"a {block.kind} block cannot go in a {role.value} message")
     if parts:
@@ -434,10 +465,20 @@ def _check_image(role: Role, media_type: str) -> None:
         raise _refused(f"image type {media_type!r} is not supported (use png, jpeg, gif or webp)")
 
 
-def _check_opaque(raw: str) -> str:
-    if not is_json_object(raw):
+def _replayable(raw: str) -> bool:
+    """Whether an opaque block of this adapter goes back into ``input``: not a reasoning
+    item without encrypted content, which the API would answer with a 404 (module doc). Raw
+    text that is not one JSON object is refused: spliced in, it would break the request."""
+    try:
+        item = loads(raw)
+    except ValueError:  # TooDeep too
+        item = None
+    if not isinstance(item, dict):
         raise _refused("an openai-responses opaque block must be one JSON object (an input item)")
-    return raw
+    if item.get("type") != "reasoning":
+        return True
+    encrypted = item.get("encrypted_content")
+    return type(encrypted) is str and encrypted != ""
 
 
 def _refused(message: str) -> LLMError:
@@ -551,8 +592,23 @@ def _arguments(name: str, text: str) -> dict[str, Any]:
     return value
 
 
+def _too_many_items() -> LLMError:
+    return malformed(PROVIDER, f"the reply has more than {MAX_OUTPUT_ITEMS:,} output items "
+                     "(the output item cap, MAX_OUTPUT_ITEMS): no model's reply holds that many")
+
+
 def _opaque(item: dict[str, Any]) -> OpaqueBlock:
-    return OpaqueBlock(provider=PROVIDER, raw=compact_json(item))
+    """An output item the port does not model, kept as the JSON it will be sent back as. A
+    number JSON cannot carry (NaN, or the Infinity ``1e999`` decodes to) would make every
+    later request invalid JSON: the reply is malformed instead."""
+    try:
+        raw = json.dumps(item, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raw = None
+    if raw is None:
+        raise malformed(PROVIDER, "an output item holds a number JSON cannot carry (NaN or "
+                        "Infinity), so it could never be sent back")
+    return OpaqueBlock(provider=PROVIDER, raw=raw)
 
 
 # -- decoding a body ----------------------------------------------------------------------------
@@ -565,6 +621,8 @@ def decode_response(data: dict[str, Any]) -> Response:
     output = data["output"]
     if type(output) is not list:
         raise TypeError("output is not a list")
+    if len(output) > MAX_OUTPUT_ITEMS:
+        raise _too_many_items()
     blocks: list[TextBlock | ToolUse | OpaqueBlock] = []
     ids = CallIds()
     refused = has_calls = False
@@ -601,7 +659,7 @@ class _Item:
     """What the stream has said so far of one output item."""
 
     kind: str
-    parts: set[int] = field(default_factory=set)  # content indexes that got a delta
+    parts: set[int] = field(default_factory=set)  # content indexes that got text in a delta
     call_id: Any = None
     name: str = ""
     pending: list[str] = field(default_factory=list)  # arguments before the name came
@@ -675,8 +733,10 @@ class EventDecoder:
             raise malformed(PROVIDER, f"text for output item {oi}, which is a {state.kind[:40]!r}")
         if data["type"] == "response.refusal.delta":
             self._refused = True
-        state.parts.add(ci)
-        return [TextDelta(index=oi * PARTS_PER_ITEM + ci, text=delta)] if delta else []
+        if not delta:  # says nothing: the part's text may still come whole with its item
+            return []
+        state.parts.add(ci)  # one entry per delta with text, which the reply cap counts
+        return [TextDelta(index=oi * PARTS_PER_ITEM + ci, text=delta)]
 
     def _arguments_delta(self, data: dict[str, Any]) -> list[StreamEvent]:
         oi = _index(data["output_index"], _MAX_OUTPUT_INDEX)
@@ -732,9 +792,12 @@ class EventDecoder:
 
     def _item(self, oi: int, kind: str) -> _Item:
         """Output item ``oi``'s state, made (as a ``kind``) on first mention: a server may
-        skip an item's ``added`` event."""
+        skip an item's ``added`` event. At most ``MAX_OUTPUT_ITEMS`` are made: an event that
+        only names an item spends nothing from the reply cap."""
         state = self._items.get(oi)
         if state is None:
+            if len(self._items) >= MAX_OUTPUT_ITEMS:
+                raise _too_many_items()
             state = self._items[oi] = _Item(kind)
         elif state.done:
             raise malformed(PROVIDER, f"an event for output item {oi} after it was done")

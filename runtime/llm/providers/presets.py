@@ -22,12 +22,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigurationError
+from ..safety import check_base_url
 
 __all__ = [
     "AZURE_DEFAULT_API_VERSION",
+    "MAX_AZURE_DEPLOYMENT_CHARS",
     "PRESETS",
     "Preset",
     "ToolChoiceSupport",
@@ -121,8 +123,11 @@ AZURE_DEFAULT_API_VERSION = "2024-10-21"
 """The latest generally available ``api-version`` of Azure OpenAI's inference API (its REST
 reference, "Data plane - inference"); override with ``OPENAI_API_VERSION`` / ``api_version=``."""
 
-_API_VERSION = re.compile(r"(\d{4})-(\d{2})-(\d{2})(-preview)?")
+_API_VERSION = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})(-preview)?")  # ASCII digits only
 _DEPLOYMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_AZURE_DEPLOYMENT_CHARS = 64
+"""The longest deployment name taken. Azure's REST specification gives deployments no limit
+of their own; 64 is the limit it gives the account (the resource) and most of its names."""
 # The release (2024-09-01-preview) that added stream_options and max_completion_tokens;
 # every version from that date on has both (2024-10-21 GA included).
 _STREAM_USAGE_SINCE = (2024, 9, 1)
@@ -148,23 +153,30 @@ def azure_features(version: str) -> bool:
 
 def check_azure_deployment(deployment: str) -> None:
     """Raise ``ConfigurationError`` unless ``deployment`` can stand as one URL path segment
-    (letters, digits, ``.``, ``_``, ``-``): it is put into the request's path."""
+    (letters, digits, ``.``, ``_``, ``-``; at most ``MAX_AZURE_DEPLOYMENT_CHARS``): it is put
+    into the request's path."""
+    if len(deployment) > MAX_AZURE_DEPLOYMENT_CHARS:
+        raise ConfigurationError(
+            f"Azure OpenAI deployment name {deployment[:40]!r}... is {len(deployment)} "
+            f"characters long, more than the {MAX_AZURE_DEPLOYMENT_CHARS} a name may have: use "
+            "the name given to the deployment in Azure, as in 'azure:my-gpt-4o'"
+        )
     if not _DEPLOYMENT.fullmatch(deployment):
         raise ConfigurationError(
-            f"Azure OpenAI deployment name {deployment[:80]!r} is not a deployment name: use "
+            f"Azure OpenAI deployment name {deployment!r} is not a deployment name: use "
             "the name given to the deployment in Azure (letters, digits, '.', '_', '-'), as "
             "in 'azure:my-gpt-4o'"
         )
 
 
 def check_azure_endpoint(endpoint: str) -> None:
-    """Raise ``ConfigurationError`` if ``endpoint`` already holds the API's path: the adapter
-    adds ``/openai/deployments/...`` to the resource endpoint itself."""
-    try:
-        path = urlsplit(endpoint).path.lower()
-    except ValueError:  # check_base_url says what is wrong with it
-        return
-    if "/openai" in path:
+    """Raise ``ConfigurationError`` if ``endpoint`` cannot be a resource's root: a URL
+    ``check_base_url`` refuses (userinfo, a query, a fragment, plain http to a remote host),
+    or one whose path already holds the API's (an ``openai`` segment): the adapter adds
+    ``/openai/deployments/...`` to it itself."""
+    check_base_url(endpoint, "Azure OpenAI", "endpoint")  # so it parses, past here
+    path = unquote(urlsplit(endpoint).path).lower()  # %6fpenai is openai to the server
+    if "openai" in path.split("/"):
         raise ConfigurationError(
             "the Azure OpenAI endpoint is the resource's root, such as "
             "https://<resource>.openai.azure.com, not a URL with /openai... in its path "
