@@ -154,7 +154,8 @@ class Runtime:
         self.lease = ProcessLease(self.store, DEFAULT_TTL if lease_ttl is None else lease_ttl)
         self.docs = Documents(self.store)
         self.docs.sole_writer = private
-        if isinstance(self.store, MirrorStore):
+        if private:  # its own, made above: a MirrorStore passed in belongs to another
+            assert isinstance(self.store, MirrorStore)
             self.store.attach(self.docs.committed_copy)
         self._changed: anyio.Event | None = None  # made by a waiter, set by the next poke
         self._work: anyio.Event | None = None  # the pump's, while it waits for events

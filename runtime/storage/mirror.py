@@ -34,7 +34,12 @@ class MirrorStore(MemoryStore):
         self._read: Reader | None = None
 
     def attach(self, read: Reader) -> None:
-        """Where values come from: the writer, which keeps every document it committed."""
+        """Where values come from: the writer, which keeps every document it committed.
+        Once: the store has one writer, for good."""
+        if self._read is not None:
+            raise RuntimeError("this MirrorStore already has its writer: it is the private "
+                               "store of one runtime; give another runtime a MemoryStore() "
+                               "to share, or its own \"memory\"")
         self._read = read
 
     def _value(self, key: DocKey) -> Any:

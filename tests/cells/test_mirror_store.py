@@ -88,3 +88,29 @@ def test_used_before_attach_says_so() -> None:
     store.commit([Write(DocKey("default", "", "x"), 1, 0)])
     with pytest.raises(RuntimeError, match="attach"):
         store.load(DocKey("default", "", "x"))
+
+
+def test_a_document_declared_then_computed_in_one_block_keeps_its_value() -> None:
+    async def main() -> None:
+        async with Runtime(store="memory") as rt:
+            key = DocKey("default", "", "declared-then-derived")
+            with rt.docs.declaring():  # its version comes at the block's end
+                rt.docs.declare(key, {"kept": True})
+                rt.docs.derive(key, lambda: {"computed": True})
+            assert rt.store.load(key).value == {"kept": True}
+
+    anyio.run(main)
+
+
+def test_a_private_store_is_not_taken_over_by_another_runtime() -> None:
+    async def main() -> None:
+        async with Runtime(store="memory") as rt1:
+            n = rt1.run(listing).result.key("n").resolve()
+            n.set(4)
+            with pytest.raises(RuntimeError, match="already has its writer"):
+                rt1.store.attach(lambda key: None)
+            async with Runtime(store=rt1.store, follow=False) as rt2:
+                assert rt2.docs.sole_writer is False
+                assert rt1.store.load(n._key).value == 4  # still read from rt1
+
+    anyio.run(main)
