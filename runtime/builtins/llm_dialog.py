@@ -256,6 +256,9 @@ class _DialogNode:
         # what handler tools answer, by tool call id: cleared in the commit of the step's
         # results (no commit of its own per call)
         self.tool_output = node.state("tool_output", {})
+        # what a handler tool run inside its step's commit answers: read in that same commit,
+        # so it never needs storing (nor clearing after)
+        self.answers = node.scratch("tool_answers", {})
         self.add_stream = node.stream("add_message", self._on_add)
         self.cancel_stream = node.stream("cancel_generation", self._on_cancel)
         self.pin_stream = node.stream("pin_cell", self._on_pin, event=_PIN_EVENT)
@@ -616,10 +619,11 @@ class _DialogNode:
             # links the model sends (where the event schema asks for a cell) reach only the
             # dialog's scopes; the handler gets them as live cells
             event = run.management.accept_input(call.input, spec.stream, "input")
-            answer = self.tool_output.key(call.id)
+            inline = run.step.phase is TurnPhase.INLINE  # in the step's commit
+            answer = (self.answers if inline else self.tool_output).key(call.id)
             token = tool_result_cell.set(answer)
             try:
-                if run.step.phase is TurnPhase.INLINE:  # in the step's commit
+                if inline:
                     assert run.step.tx is not None
                     with run.step.tx.bound():
                         rt.deliver(spec.stream, event)
@@ -631,7 +635,7 @@ class _DialogNode:
                 tool_result_cell.reset(token)
             if output is None:
                 return f"{call.name} done."
-            run.outputs = True
+            run.outputs = run.outputs or not inline  # a stored answer is cleared with results
             return output
 
         return execute

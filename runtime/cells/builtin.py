@@ -70,6 +70,15 @@ class BuiltinNode:
                              label=label)
         return Cell(self._b.docs, key, (), js)
 
+    def scratch(self, name: str, initial: Any) -> Cell:
+        """A cell of this node whose writes last only for the transaction that makes them:
+        never stored or committed, so no other transaction sees them. For handing a value
+        from one part of a commit to another (a handler's answer to the step running it)."""
+        key = DocKey(self.space, self.scope.key, derive(self.cause, "scratch", name))
+        label = f"{self.label}.{name}"
+        self._b.docs.scratch(key, check_json(initial, f"initial value of {label}"), label)
+        return Cell(self._b.docs, key, ())
+
     def stream(self, name: str, fn: Callable[[Any], Any], *,
                event: SchemaLike | None = None) -> Stream:
         """A stream whose events run ``fn(event)`` as a handler, in a transaction."""

@@ -127,7 +127,7 @@ class Change:
 
 class Doc:
     __slots__ = ("_compiled", "_compiled_for", "declared", "derived", "key", "label", "node",
-                 "readonly", "schema", "version")
+                 "readonly", "schema", "scratch", "version")
 
     def __init__(self, key: DocKey, node: Any, schema: dict[str, Any] | None, label: str,
                  derived: bool, version: int = 0, readonly: str | None = None) -> None:
@@ -141,6 +141,7 @@ class Doc:
         self.version = version
         self.readonly = readonly  # why users may not write it (an instance's result...)
         self.declared = derived  # declared by a running instance: its schema is known
+        self.scratch = False  # writes last one transaction: never committed (scratch())
 
     @property
     def compiled(self) -> CompiledSchema | None:
@@ -218,8 +219,10 @@ class Documents:
         (structure the runtime derives from code: results, stream markers)."""
         self.check_open(f"declaring {label or 'a document'}")
         doc = self._docs.get(key)
-        if doc is not None and doc.derived:
-            raise CellError(f"{doc.describe()} is computed and cannot be declared as stored")
+        if doc is not None and (doc.derived or doc.scratch):
+            raise CellError(f"{doc.describe()} is "
+                            f"{'computed' if doc.derived else 'scratch'} and cannot be declared "
+                            "as stored")
         if doc is None:
             stored = self.store.load(key)
             if stored is not None:
@@ -339,10 +342,26 @@ class Documents:
             doc.node.set(stored.value)
             doc.version = stored.version
 
+    def scratch(self, key: DocKey, initial: Any, label: str = "") -> Doc:
+        """A document whose writes last only for the transaction that makes them: never
+        stored, never committed, so no other transaction (and no observer) sees them. For
+        handing a value between parts of one commit. ``initial`` (plain JSON) is what every
+        transaction starts from."""
+        doc = self._docs.get(key)
+        if doc is not None:
+            if not doc.scratch:
+                raise CellError(f"{doc.describe()} is stored and cannot be made scratch")
+            return doc
+        doc = Doc(key, signals.Signal(copy_json(initial), label), None, label, False)
+        doc.scratch = doc.declared = True
+        self._docs[key] = doc
+        return doc
+
     def derive(self, key: DocKey, fn: Callable[[], Any], label: str = "") -> Doc:
         old = self._docs.get(key)
-        if self.sole_writer and old is not None and not old.derived and old.version:
-            # a stored document now computed: the store keeps no value of its own (mirror)
+        if self.sole_writer and old is not None and not old.derived and not old.scratch:
+            # a stored document now computed: the store keeps no value of its own (mirror).
+            # Kept even at version 0: a declaring() block gives it its version at its end
             self._let_go[key] = old.node.peek()
         doc = Doc(key, signals.Computed(fn, label), None, label, True)
         self._docs[key] = doc
@@ -766,7 +785,7 @@ class Transaction:
         for k, p in self.pending.items():
             doc = docs.doc(k)
             if p.ops:
-                if not _cancelled_out(doc, p):
+                if not doc.scratch and not _cancelled_out(doc, p):
                     written.append((k, p, doc))
             elif doc.version != p.base:
                 raise ConflictError(
