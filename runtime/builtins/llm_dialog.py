@@ -295,7 +295,8 @@ class _DialogNode:
             # calls) is answered first: no provider takes a call without its result
             self._answer_unanswered(INTERRUPTED, {})
         turn_id = self.state.begin(rt)
-        self.tool_output.set({})  # whatever a turn cut short left there
+        if self.tool_output.raw(copy=False) != {}:  # whatever a turn cut short left there
+            self.tool_output.set({})
         if self.stop_reason.get() is not None:  # the last turn's, not this one's
             self.stop_reason.set(None)
         self.messages.push(message.model_dump(mode="json"))

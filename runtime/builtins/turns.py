@@ -69,8 +69,12 @@ class TurnState:
         holder = rt.lease.ensure()  # held (renewed if it must be) before the turn names it
         self.pending.set(True)
         self.turn.set({"id": turn_id, "holder": holder})
-        self.error.set(None)
-        self.chunks.set([])
+        # what is already so is not written again (read in this transaction all the same,
+        # so another writer's change meanwhile is still a conflict)
+        if self.error.raw(copy=False) is not None:
+            self.error.set(None)
+        if self.chunks.raw(copy=False) != []:
+            self.chunks.set([])
         return turn_id
 
     def owns(self, rt: Runtime, turn_id: str) -> bool:
@@ -104,13 +108,14 @@ class TurnState:
 
     def end(self, error: str | None) -> None:
         """The turn is over: not pending, no turn, ``error`` (None for an answer)."""
-        self.error.set(error)
+        if error is not None or self.error.raw(copy=False) is not None:
+            self.error.set(error)
         self.clear_partial()
         self.pending.set(False)
         self.turn.set(None)
 
     def clear_partial(self) -> None:
-        if self.chunks.get():
+        if self.chunks.raw(copy=False) != []:
             self.chunks.set([])
 
 
