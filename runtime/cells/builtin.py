@@ -71,11 +71,15 @@ class BuiltinNode:
         return Cell(self._b.docs, key, (), js)
 
     def scratch(self, name: str, initial: Any) -> Cell:
-        """A cell of this node whose writes last only for the transaction that makes them:
-        never stored or committed, so no other transaction sees them. For handing a value
-        from one part of a commit to another (a handler's answer to the step running it)."""
-        key = DocKey(self.space, self.scope.key, derive(self.cause, "scratch", name))
-        label = f"{self.label}.{name}"
+        """A cell whose writes last only for the transaction that makes them: never stored
+        or committed, so no other transaction sees them. For handing a value from one part
+        of a commit to another (a handler's answer to the step running it).
+
+        Its committed value is always ``initial`` and each transaction sees only its own
+        writes, so every node of this kind shares one per space and name (nothing per
+        instance to keep): ``initial`` must be the same for all of them."""
+        key = DocKey(self.space, "", derive("scratch", self.kind, name))
+        label = f"{self.kind}.{name}"
         self._b.docs.scratch(key, check_json(initial, f"initial value of {label}"), label)
         return Cell(self._b.docs, key, ())
 

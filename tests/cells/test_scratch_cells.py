@@ -98,3 +98,28 @@ def test_a_key_is_stored_or_scratch_never_both() -> None:
             assert rt.docs.scratch(pad.doc_key, {}) is rt.docs.doc(pad.doc_key)  # once
 
     anyio.run(main)
+
+
+def test_nodes_of_one_kind_share_it_and_each_transaction_sees_only_its_own_writes() -> None:
+    async def main() -> None:
+        async with Runtime(store="memory") as rt:
+            NODES.clear()
+            rt.run(user, session="one")
+            rt.run(user, session="two")
+            (_, pad_a, _), (_, pad_b, _) = NODES[-2:]
+            assert pad_a.doc_key == pad_b.doc_key  # one document for every such node
+            first, second = rt.begin(), rt.begin()
+            with first.bound():
+                pad_a.key("c1").set("from the first")
+            with second.bound():
+                assert pad_b.get() == {}  # the first's write is its own
+                pad_b.key("c1").set("from the second")
+            with first.bound():
+                assert pad_a.get() == {"c1": "from the first"}
+            first.commit()
+            with second.bound():
+                assert pad_b.get() == {"c1": "from the second"}  # no conflict either
+            second.commit()
+            assert pad_a.get() == {} == pad_b.get()
+
+    anyio.run(main)
