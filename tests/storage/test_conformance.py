@@ -1387,7 +1387,8 @@ def test_sqlite_a_killed_processs_lease_expires_within_its_ttl(tmp_path: Path) -
         # wait out the first lease's deadline: the child's renewals pushed it back
         time.sleep(first)
         while time.monotonic() - taken < ttl:  # the clocks differ a hair: past it for sure
-            time.sleep(ttl - (time.monotonic() - taken))
+            # the clock moves between the test and the subtraction: never a negative sleep
+            time.sleep(max(0.0, ttl - (time.monotonic() - taken)))
         left = store.lease_remaining("child")
         assert left is not None and left > 0, "the live child's lease was not renewed"
         assert proc.poll() is None
