@@ -107,11 +107,11 @@ class Scheduler:
         if tx is None or tx.state is not TxState.OPEN:
             raise UsageError("deliver() runs a handler inside an open transaction: open one "
                              "with rt.transaction(), or send the event with rt.send()")
-        payload = self._checked(stream, payload)
+        payload = self._checked(stream, payload)  # a copy of its own: no retry reuses it
         point = tx.savepoint()
         token = _running.set(stream)
         try:
-            _call(stream, payload, tx)
+            _call(stream, payload, tx, owned=True)
         except BaseException:
             if tx.state is TxState.OPEN:
                 tx.rollback_to(point)
@@ -207,10 +207,12 @@ class Scheduler:
             self._push(target, payload, ev)
 
 
-def _call(stream: Stream, payload: Any, tx: Transaction) -> None:
-    """The handler on one (validated) event, its writes going into ``tx``."""
+def _call(stream: Stream, payload: Any, tx: Transaction, *, owned: bool = False) -> None:
+    """The handler on one (validated) event, its writes going into ``tx``. ``owned``: the
+    payload is a copy nobody else holds (else the handler gets one: a queued event's payload
+    is run again when its commit conflicts)."""
     handler = stream.handler
-    event = copy_json(payload)  # its own copy: the sender's value is never reached
+    event = payload if owned else copy_json(payload)  # the sender's value is never reached
     if handler.event_model is not None:
         event = handler.event_model.model_validate(event)
     elif _asks_for_cells(handler.event_schema):
