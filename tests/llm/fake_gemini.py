@@ -62,7 +62,7 @@ from pydantic.alias_generators import to_camel
 
 from runtime.llm.types import OpaqueBlock, Response, StopReason, TextBlock, ToolUse, Usage
 
-from .loopback import Exchange, LoopbackServer, Recorded
+from .loopback import Exchange, FakeServer, Recorded
 from .sdk_check import WireDrift, by_wire_names, contradiction, pieces, tool_choice_problem
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent, Step
 
@@ -351,7 +351,7 @@ class _Prepared:
     error: tuple[int, dict[str, Any]] | None = None
 
 
-class FakeGemini:
+class FakeGemini(FakeServer):
     """``with FakeGemini() as fake:`` serves Gemini's API at ``fake.url`` (the base URL)."""
 
     def __init__(self) -> None:
@@ -359,26 +359,7 @@ class FakeGemini:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self.rejected: list[str] = []
-        self._server = LoopbackServer(self._respond)
-
-    @property
-    def url(self) -> str:
-        return self._server.url
-
-    @property
-    def requests(self) -> list[Recorded]:
-        return self._server.requests
-
-    @property
-    def exchanges(self) -> list[Exchange]:
-        return self._server.exchanges
-
-    def __enter__(self) -> FakeGemini:
-        self._server.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.__exit__(*exc)
+        super().__init__()
 
     def script(self, *steps: FakeStep) -> None:
         prepared = [self._prepare(s) for s in steps]

@@ -52,7 +52,7 @@ from openai.types.shared import ErrorObject
 
 from runtime.llm.types import Response, StopReason, TextBlock, ToolUse, Usage
 
-from .loopback import Exchange, LoopbackServer, Recorded
+from .loopback import Exchange, FakeServer, Recorded
 from .sdk_check import WireDrift, contradiction, drain, no_extras, pieces, tool_choice_problem
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent, Step
 
@@ -286,7 +286,7 @@ class _Prepared:
     error: tuple[int, dict[str, str], dict[str, Any]] | None = None
 
 
-class FakeOpenAI:
+class FakeOpenAI(FakeServer):
     """``with FakeOpenAI() as fake:`` serves OpenAI's API at ``fake.base_url``."""
 
     def __init__(self, *, interleave_tool_calls: bool = False, call_ids: str = "sent",
@@ -302,30 +302,11 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self.rejected: list[str] = []
-        self._server = LoopbackServer(self._respond)
-
-    @property
-    def url(self) -> str:
-        return self._server.url
+        super().__init__()
 
     @property
     def base_url(self) -> str:
         return f"{self._server.url}/v1"
-
-    @property
-    def requests(self) -> list[Recorded]:
-        return self._server.requests
-
-    @property
-    def exchanges(self) -> list[Exchange]:
-        return self._server.exchanges
-
-    def __enter__(self) -> FakeOpenAI:
-        self._server.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.__exit__(*exc)
 
     def script(self, *steps: Step) -> None:
         prepared = [self._prepare(s) for s in steps]

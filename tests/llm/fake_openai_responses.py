@@ -51,7 +51,7 @@ from runtime.llm.providers.openai_responses import PROVIDER
 from runtime.llm.types import OpaqueBlock, Response, StopReason, TextBlock, ToolUse, Usage
 
 from .fake_openai import render_error, validate_error
-from .loopback import Exchange, LoopbackServer, Recorded
+from .loopback import Exchange, FakeServer, Recorded
 from .sdk_check import contradiction, drain, no_extras, pieces, tool_choice_problem
 from .steps import DropMidStream, Hang, HTTPError, MalformedEvent, Step
 
@@ -295,7 +295,7 @@ class _Prepared:
     error: tuple[int, dict[str, str], dict[str, Any]] | None = None
 
 
-class FakeOpenAIResponses:
+class FakeOpenAIResponses(FakeServer):
     """``with FakeOpenAIResponses() as fake:`` serves the Responses API at ``fake.base_url``."""
 
     def __init__(self, *, reasoning_tokens: int = 0) -> None:
@@ -304,30 +304,11 @@ class FakeOpenAIResponses:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self.rejected: list[str] = []
-        self._server = LoopbackServer(self._respond)
-
-    @property
-    def url(self) -> str:
-        return self._server.url
+        super().__init__()
 
     @property
     def base_url(self) -> str:
         return f"{self._server.url}/v1"
-
-    @property
-    def requests(self) -> list[Recorded]:
-        return self._server.requests
-
-    @property
-    def exchanges(self) -> list[Exchange]:
-        return self._server.exchanges
-
-    def __enter__(self) -> FakeOpenAIResponses:
-        self._server.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.__exit__(*exc)
 
     def script(self, *steps: Step) -> None:
         prepared = [self._prepare(s) for s in steps]

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 @dataclass
@@ -152,3 +152,33 @@ class LoopbackServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
+
+
+class FakeServer:
+    """What every provider fake shares: a ``LoopbackServer`` answering with the fake's
+    ``_respond``, serving ``url`` while the ``with`` block lasts, and what it recorded."""
+
+    def __init__(self) -> None:
+        self._server = LoopbackServer(self._respond)
+
+    def _respond(self, rec: Recorded, ex: Exchange) -> None:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        return self._server.url
+
+    @property
+    def requests(self) -> list[Recorded]:
+        return self._server.requests
+
+    @property
+    def exchanges(self) -> list[Exchange]:
+        return self._server.exchanges
+
+    def __enter__(self) -> Self:
+        self._server.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.__exit__(*exc)
