@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import marshal
 import sys
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -126,8 +127,8 @@ class Change:
 
 
 class Doc:
-    __slots__ = ("_compiled", "_compiled_for", "declared", "derived", "key", "label", "node",
-                 "readonly", "schema", "scratch", "version")
+    __slots__ = ("_compiled", "_compiled_for", "declared", "derived", "holders", "key", "label",
+                 "node", "readonly", "schema", "scratch", "version")
 
     def __init__(self, key: DocKey, node: Any, schema: dict[str, Any] | None, label: str,
                  derived: bool, version: int = 0, readonly: str | None = None) -> None:
@@ -142,6 +143,7 @@ class Doc:
         self.readonly = readonly  # why users may not write it (an instance's result...)
         self.declared = derived  # declared by a running instance: its schema is known
         self.scratch = False  # writes last one transaction: never committed (scratch())
+        self.holders = 0  # running instances that declared it (Documents.recording)
 
     @property
     def compiled(self) -> CompiledSchema | None:
@@ -168,7 +170,15 @@ class Documents:
         # the store is this runtime's alone (a MemoryStore made for it): no other writer,
         # so what is loaded here is what is stored
         self.sole_writer = False
-        self._let_go: dict[DocKey, Any] = {}  # sole writer: stored values since computed
+        # sole writer: stored values no Doc holds (computed since, or let go by drop())
+        self._let_go: dict[DocKey, Any] = {}
+        # while an instance is built: the keys it declares (each declare also counts the
+        # document's holders); see Runtime.run and drop()
+        self.recording: list[DocKey] | None = None
+        # asked before a document that is not loaded is read from the store: a parked
+        # instance that owns it comes back first (Runtime.park)
+        self.on_missing: Callable[[DocKey], None] | None = None
+        self._dropped = 0  # documents dropped since _docs was last copied (drop())
         self._docs: dict[DocKey, Doc] = {}
         self.listeners: list[Callable[[list[Change]], None]] = []
         self.errors: deque[tuple[str, BaseException]] = deque(maxlen=MAX_ERRORS)
@@ -216,7 +226,18 @@ class Documents:
 
         Creating is conditional (create-if-absent): when another process creates it first,
         its committed value wins and is loaded. ``overwrite`` replaces what is stored
-        (structure the runtime derives from code: results, stream markers)."""
+        (structure the runtime derives from code: results, stream markers). While an
+        instance is built (``recording``), the key is recorded and the document counts one
+        more holder."""
+        doc = self._declare(key, initial, schema, label, overwrite, readonly)
+        recording = self.recording
+        if recording is not None:
+            recording.append(key)
+            doc.holders += 1
+        return doc
+
+    def _declare(self, key: DocKey, initial: Any, schema: dict[str, Any] | None,
+                 label: str, overwrite: bool, readonly: str | None) -> Doc:
         self.check_open(f"declaring {label or 'a document'}")
         doc = self._docs.get(key)
         if doc is not None and (doc.derived or doc.scratch):
@@ -228,7 +249,7 @@ class Documents:
             if stored is not None:
                 doc = Doc(key, signals.Signal(stored.value, label), schema, label, False,
                           stored.version, readonly)
-                self._docs[key] = doc
+                self._held(key, doc)
         if doc is not None:
             if schema is not None:
                 doc.schema = schema
@@ -252,7 +273,7 @@ class Documents:
             doc = Doc(key, signals.Signal(stored.value, label), schema, label, False,
                       stored.version, readonly)
             doc.declared = True
-            self._docs[key] = doc
+            self._held(key, doc)
             return doc
         if doc is None:
             doc = Doc(key, signals.Signal(copy_json(initial), label), schema, label, False,
@@ -372,7 +393,8 @@ class Documents:
         (``sole_writer``) hands out, as it keeps versions only."""
         doc = self._docs.get(key)
         if doc is None or doc.derived:
-            return copy_json(self._let_go[key])
+            kept = self._let_go[key]
+            return marshal.loads(kept) if type(kept) is bytes else copy_json(kept)
         return copy_json(doc.node.peek())
 
     def reload(self, keys: list[DocKey]) -> None:
@@ -469,10 +491,51 @@ class Documents:
     def forget(self, key: DocKey) -> None:
         self._docs.pop(key, None)
 
+    def let_go(self, doc: Doc) -> None:
+        """One instance that declared ``doc`` no longer runs (stopped or parked)."""
+        if doc.holders > 0:
+            doc.holders -= 1
+
+    def drop(self, keys: Iterable[DocKey]) -> int:
+        """Take stored documents out of memory (their store keeps them; a read loads them
+        again): those of ``keys`` that are loaded, that no running instance declares and
+        that nothing live reads (no subscriber in the kernel). On a store whose values are
+        this runtime's (``sole_writer``), the value stays here, packed (``_pack``): the
+        store has none of its own. Returns how many went."""
+        docs = self._docs
+        n = 0
+        for key in keys:
+            doc = docs.get(key)
+            if doc is None or doc.derived or doc.scratch or doc.holders or doc.node.subs:
+                continue
+            if self.sole_writer:
+                self._let_go[key] = _pack(doc.node.peek())
+            del docs[key]
+            n += 1
+        self._dropped += n
+        if self._dropped > max(1024, len(docs)):
+            # a dict never shrinks: once more have gone than are left, a copy sized for
+            # what is left (amortised: each drop pays for one copied entry at most)
+            self._docs = dict(docs)
+            self._dropped = 0
+        return n
+
+    def _held(self, key: DocKey, doc: Doc) -> None:
+        """``doc``, just loaded from the store, is the document at ``key`` from now on: a
+        value kept for the store while no Doc held it is held by the Doc now."""
+        self._docs[key] = doc
+        if self._let_go:
+            self._let_go.pop(key, None)
+
     def doc(self, key: DocKey) -> Doc:
         doc = self._docs.get(key)
         if doc is not None:
             return doc
+        if self.on_missing is not None:
+            self.on_missing(key)  # a parked instance that owns it comes back
+            doc = self._docs.get(key)
+            if doc is not None:
+                return doc
         stored = self.store.load(key)
         if stored is None:
             raise PathError(
@@ -482,7 +545,7 @@ class Documents:
                 "not running"
             )
         doc = Doc(key, signals.Signal(stored.value), None, "", False, stored.version)
-        self._docs[key] = doc
+        self._held(key, doc)
         return doc
 
     # -- reading ---------------------------------------------------------------------
@@ -578,6 +641,16 @@ class Documents:
             return [self._materialize(v, key, memo, active, depth + 1, target_hook)
                     for v in value]
         return value
+
+
+def _pack(value: Any) -> Any:
+    """A value kept while no Doc holds it (``Documents.drop``): a container as ``marshal``
+    bytes (a third of the objects' size, nothing for the cyclic collector to walk; a JSON
+    value is never bytes, so bytes say "packed"); scalars and empty containers as they are
+    (smaller, or shared). Only values this runtime made go in: ``marshal`` never reads
+    bytes from outside. Version 2: no back-references, so two equal parts of a value never
+    come back as one object."""
+    return marshal.dumps(value, 2) if type(value) in (dict, list) and value else value
 
 
 def _missing(key: DocKey, path: Path, parent: Any) -> str:

@@ -48,6 +48,10 @@ class Registry:
         # one pattern over shared cells) may bind streams on one document
         self._streams: dict[DocKey, list[Stream]] = {}
         self._placed: dict[DocKey, dict[tuple[str, ...], Pattern]] = {}  # by result document
+        self._removed = 0  # instances removed since the indexes were last copied (remove())
+        # parked instances (Runtime.park), by identity and by the scope of their documents
+        self._parked: dict[tuple[Any, ...], Instance] = {}
+        self._parked_in: dict[tuple[str, str], list[Instance]] = {}
 
     def __len__(self) -> int:
         return len(self._by_ident)
@@ -86,6 +90,45 @@ class Registry:
             if not bound:
                 del self._streams[stream.key]
         self._placed.pop(inst.result.doc_key, None)
+        self._removed += 1
+        if self._removed > max(256, len(self._by_ident)):
+            # a dict never shrinks: once more instances have gone than are left (parked
+            # sessions of a server), indexes sized for what is left (amortised)
+            self._removed = 0
+            self._by_ident = dict(self._by_ident)
+            self._owners = dict(self._owners)
+            self._streams = dict(self._streams)
+            self._placed = dict(self._placed)
+
+    # -- parked instances ----------------------------------------------------------------
+
+    def park(self, inst: Instance) -> None:
+        """File ``inst`` (already removed) as parked: found by its identity and by the
+        (space, scope) its own documents are in."""
+        self._parked[inst.ident] = inst
+        self._parked_in.setdefault((inst.space, inst.scope.key), []).append(inst)
+
+    def unpark(self, inst: Instance) -> None:
+        if self._parked.get(inst.ident) is inst:
+            del self._parked[inst.ident]
+        where = (inst.space, inst.scope.key)
+        parked = self._parked_in.get(where)
+        if parked is not None:
+            parked[:] = [p for p in parked if p is not inst]
+            if not parked:
+                del self._parked_in[where]
+
+    def parked(self, ident: tuple[Any, ...]) -> Instance | None:
+        return self._parked.get(ident)
+
+    def parked_in(self, space: str, scope: str) -> list[Instance]:
+        """The parked instances whose own documents are in ``scope`` of ``space``."""
+        parked = self._parked_in.get((space, scope))
+        return list(parked) if parked else []
+
+    @property
+    def any_parked(self) -> bool:
+        return bool(self._parked)
 
     # -- the lookups ---------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from ..errors import (
 )
 from ..storage import DocKey, Store, can_watch, open_store
 from ..storage.mirror import MirrorStore
+from . import signals
 from .cell import Cell, Stream, accept_json, writing
 from .collector import FreezePolicy
 from .documents import Change, Documents, Transaction, current_transaction
@@ -71,31 +72,45 @@ class _State(Enum):
 
 
 class Instance:
-    """A running pattern: its ``result`` and ``argument`` cells and its streams."""
+    """A running pattern: its ``result`` and ``argument`` cells and its streams.
 
-    def __init__(self, rt: Runtime, pattern: Pattern, ident: tuple[Any, ...], result: Cell,
-                 argument: Cell, builder: Builder, streams: dict[str, Stream]) -> None:
+    A parked instance (``Runtime.park``) holds no graph and none of its documents in
+    memory; using it (``send``, ``stream``, ``streams``, a read of its cells, ``rt.run`` of
+    it) brings it back first, as the same object."""
+
+    def __init__(self, rt: Runtime, pattern: Pattern, ident: tuple[Any, ...],
+                 args: dict[str, Any], space: str, scope: Scope, cause: str) -> None:
         self.runtime = rt
         self.pattern = pattern
-        self.result = result
-        self.argument = argument
-        self.streams = streams
-        self.space = builder.space
-        self.scope = builder.scope
-        self.user = builder.scope.user
-        self.session = builder.scope.session
-        self.cause = builder.cause_id
+        self.space = space
+        self.scope = scope
+        self.user = scope.user
+        self.session = scope.session
+        self.cause = cause
         # what rt.run finds it by: (pattern key, cause id, space, scope key)
         self.ident = ident
-        self._builder = builder
+        self._args = args  # what its build binds again when it comes back from parking
+        self.result: Cell
+        self.argument: Cell
+        self._streams: dict[str, Stream] = {}
+        self._builder: Builder | None = None
+        self._stored: tuple[DocKey, ...] = ()  # the stored documents its build declared
         self._scopes: list[anyio.CancelScope] = []
         self.stopped = False
+        self.parked = False
+
+    @property
+    def streams(self) -> dict[str, Stream]:
+        """Its streams by dotted name in the result."""
+        if self.parked:
+            self.runtime._revive(self)
+        return self._streams
 
     def stream(self, name: str) -> Stream:
         """The stream at ``name`` in the result (``"add"`` or a dotted path)."""
         stream = self.streams.get(name)
         if stream is None:
-            known = ", ".join(sorted(self.streams)) or "none"
+            known = ", ".join(sorted(self._streams)) or "none"
             raise StreamError(
                 f"pattern {self.pattern.name} has no stream {name!r}; its streams: {known}"
             )
@@ -109,7 +124,8 @@ class Instance:
     def __repr__(self) -> str:
         who = "".join(f" {k}={v}" for k, v in (("user", self.user), ("session", self.session))
                       if v)
-        return f"Instance({self.pattern.name} space={self.space}{who})"
+        state = " parked" if self.parked else " stopped" if self.stopped else ""
+        return f"Instance({self.pattern.name} space={self.space}{who}{state})"
 
 
 class Runtime:
@@ -160,7 +176,9 @@ class Runtime:
         self._changed: anyio.Event | None = None  # made by a waiter, set by the next poke
         self._work: anyio.Event | None = None  # the pump's, while it waits for events
         self.scheduler = Scheduler(self.docs, wake=self._poke, max_chain=max_event_chain)
+        self.scheduler.current_stream = self._current_stream
         self._running = Registry(self.docs)  # the instances, indexed by their documents
+        self.docs.on_missing = self._wake_doc
         self._tg: TaskGroup | None = None
         self._state = _State.NEW
         self._inflight = 0
@@ -303,36 +321,66 @@ class Runtime:
         running = self._running.running(ident)
         if running is not None:
             return running
-        with self.docs.declaring():  # the instance's documents: one store commit
-            builder = Builder(self.docs, self.scheduler, pattern.name, space, scope, cause_id)
-            arg_key = DocKey(space, scope.key, derive(cause_id, "argument"))
-            # the arguments initialise the argument cell; after that it is state (edits made
-            # through inst.argument survive a restart), checked against the argument schema
-            argument = Cell(self.docs, arg_key, (), pattern.argument_schema)
-            params = pattern.bind_arguments(argument, args)
-            self.docs.declare(arg_key, args, pattern.argument_schema, f"{pattern.name} argument")
-            token = _builder.set(builder)
-            try:
-                output = pattern.fn(**params)
-            finally:
-                _builder.reset(token)
-            streams: dict[str, Stream] = {}
-            placed: dict[tuple[str, ...], Pattern] = {}
-            value = _to_document(output, (), streams, placed)
-            res_key = DocKey(space, scope.key, derive(cause_id, "result"))
-            self.docs.declare(
-                res_key, value, None, f"{pattern.name} result", overwrite=True,
-                readonly="an instance's result is written by the runtime; write the cells it "
-                "names (a write through one of its links lands on the cell)",
-            )
-        inst = Instance(self, pattern, ident, Cell(self.docs, res_key), argument, builder,
-                        streams)
+        parked = self._running.parked(ident)
+        if parked is not None:
+            self._revive(parked)
+            return parked
+        inst = Instance(self, pattern, ident, args, space, scope, cause_id)
+        self._build(inst)
+        return inst
+
+    def _build(self, inst: Instance) -> None:
+        """Run ``inst``'s pattern: declare its documents (one store commit), bind its
+        streams, index it as running. Its first run, or its return from parking."""
+        pattern, space, scope, docs = inst.pattern, inst.space, inst.scope, self.docs
+        stored: list[DocKey] = []
+        outer, docs.recording = docs.recording, stored  # what it declares, and holds
+        try:
+            with docs.declaring():  # the instance's documents: one store commit
+                builder = Builder(docs, self.scheduler, pattern.name, space, scope, inst.cause)
+                arg_key = DocKey(space, scope.key, derive(inst.cause, "argument"))
+                # the arguments initialise the argument cell; after that it is state (edits
+                # made through inst.argument survive a restart), checked against its schema
+                argument = Cell(docs, arg_key, (), pattern.argument_schema)
+                params = pattern.bind_arguments(argument, inst._args)
+                docs.declare(arg_key, inst._args, pattern.argument_schema,
+                             f"{pattern.name} argument")
+                token = _builder.set(builder)
+                try:
+                    output = pattern.fn(**params)
+                finally:
+                    _builder.reset(token)
+                streams: dict[str, Stream] = {}
+                placed: dict[tuple[str, ...], Pattern] = {}
+                value = _to_document(output, (), streams, placed)
+                res_key = DocKey(space, scope.key, derive(inst.cause, "result"))
+                docs.declare(
+                    res_key, value, None, f"{pattern.name} result", overwrite=True,
+                    readonly="an instance's result is written by the runtime; write the cells "
+                    "it names (a write through one of its links lands on the cell)",
+                )
+        except BaseException:
+            self._let_go(stored)  # it never ran: it holds nothing
+            raise
+        finally:
+            docs.recording = outer
+        inst.result = Cell(docs, res_key)
+        inst.argument = argument
+        inst._streams = streams
+        inst._builder = builder
+        inst._stored = tuple(stored)
         for stream in builder.streams:
             stream.owner = inst
         self._running.add(inst, builder.streams, placed)
         if self.collector is not None:
             self.collector.started()
-        return inst
+
+    def _let_go(self, keys: Sequence[DocKey]) -> None:
+        docs = self.docs._docs
+        for key in keys:
+            doc = docs.get(key)
+            if doc is not None:
+                self.docs.let_go(doc)
 
     def stop(self, instance: Instance) -> None:
         """Tear an instance down: cancel its async work, close its streams, drop its
@@ -340,18 +388,116 @@ class Runtime:
         if instance.stopped:
             return
         instance.stopped = True
+        if instance.parked:  # nothing of it runs: it is only filed as parked
+            instance.parked = False
+            self._running.unpark(instance)
+            return
+        self._teardown(instance)
+
+    def _teardown(self, instance: Instance) -> None:
         for scope in instance._scopes:
             scope.cancel()
-        for stream in instance._builder.streams:
+        builder = instance._builder
+        assert builder is not None
+        for stream in builder.streams:
             stream.stopped = True
-        for key in instance._builder.derived:
+        for key in builder.derived:
             self.docs.forget(key)
-        for hook in instance._builder.on_stop:
+        for hook in builder.on_stop:
             try:
                 hook()
             except Exception as e:  # one node's teardown must not stop the others'
                 self.docs.report(e, f"stopping {instance!r}")
-        self._running.remove(instance, instance._builder.streams)
+        self._running.remove(instance, builder.streams)
+        self._let_go(instance._stored)
+
+    # -- parking ---------------------------------------------------------------------
+
+    def park(self, instance: Instance) -> bool:
+        """Take an idle instance out of memory until it is used again; True if it is
+        parked (or was already), False if it is busy now (try again later).
+
+        Busy is: async work of its own in flight (a dialog's turn), or events queued for
+        its streams. Parking stops it as ``stop`` does (its computations and teardown
+        hooks: a builtin keeps nothing in memory across parking that its documents do not
+        hold) and takes its stored documents in its own scope out of memory where nothing
+        else reads them; the store keeps them (``Runtime(store="memory")`` keeps them
+        packed). Using it again brings it back first, as the same ``Instance``: ``send``,
+        ``stream``, ``streams``, a read of any document in its scope (its cells, its
+        result), ``rt.run`` of it, a stream of it a model reaches through a link, a
+        ``Stream`` object of it held from before. Coming back runs its pattern again on
+        its stored state, as after a restart, in about the time of ``rt.run``.
+
+        For a server holding many sessions, most of them idle: ``park_idle()``."""
+        if instance.runtime is not self:
+            raise PatternError(f"{instance!r} belongs to another runtime")
+        if instance.parked:
+            return True
+        if instance.stopped:
+            raise StreamError(f"{instance!r} is stopped: a stopped instance cannot be parked "
+                              "(rt.run it again to use it)")
+        self._check_running("park()")
+        if current_transaction() is not None:
+            raise StreamError("park() inside an open transaction (a handler's, or "
+                              "`with rt.transaction()`): park after it commits")
+        if instance._scopes or any(ev.stream.owner is instance for ev in self.scheduler.queue):
+            return False
+        builder = instance._builder
+        assert builder is not None
+        # its computeds must be its own: one another instance reads would go stale
+        own = {d.node for k in builder.derived if (d := self.docs._docs.get(k)) is not None}
+        if any(sub not in own for node in own for sub in node.subs):
+            return False
+        self._teardown(instance)
+        space, scope = instance.space, instance.scope.key
+        self.docs.drop(k for k in instance._stored if k.scope == scope and k.space == space)
+        instance.parked = True
+        instance._builder = None
+        instance._streams = {}
+        instance._stored = ()
+        self._running.park(instance)
+        return True
+
+    def park_idle(self) -> int:
+        """Park every running instance that is idle (``park``); returns how many were."""
+        return sum(1 for inst in self._running if self.park(inst))
+
+    def _revive(self, instance: Instance) -> None:
+        """Bring a parked instance back: its pattern runs again on its stored state."""
+        self._running.unpark(instance)
+        instance.parked = False
+        try:
+            self._build(instance)
+        except BaseException:
+            instance.stopped = True  # its documents stay stored; rt.run tries it anew
+            raise
+
+    def _wake(self, space: str, scope: str) -> bool:
+        """Bring back the parked instances whose own documents are in ``scope`` of
+        ``space`` (one of them was asked for); True if there were any."""
+        if not self._running.any_parked or self.docs.closed:
+            return False
+        parked = self._running.parked_in(space, scope)
+        for inst in parked:
+            if inst.parked:
+                with signals.untracked():  # a computation's read does not own the build
+                    self._revive(inst)
+        return bool(parked)
+
+    def _wake_doc(self, key: DocKey) -> None:
+        self._wake(key.space, key.scope)
+
+    def _current_stream(self, stream: Stream) -> Stream | None:
+        """For the scheduler: the live stream that stands for ``stream``, a stream of an
+        instance that was parked (and is brought back here) since it was handed out."""
+        owner = stream.owner
+        if owner is None or owner.stopped:
+            return None
+        if owner.parked:
+            self._revive(owner)
+        builder = owner._builder
+        return next((s for s in builder.streams if s.key == stream.key), None) \
+            if builder is not None else None
 
     # -- waiting ---------------------------------------------------------------------
 
@@ -464,12 +610,18 @@ class Runtime:
         instance that stopped owns nothing). Other documents an instance declares (its
         cells, a builtin node's state) may be shared by several instances, so they name no
         single owner."""
-        return self._running.instance_of(key)
+        inst = self._running.instance_of(key)
+        if inst is None and self._wake(key.space, key.scope):
+            inst = self._running.instance_of(key)
+        return inst
 
     def stream_at(self, key: DocKey) -> Stream | None:
         """The live stream whose document is ``key`` (a pattern's or a builtin node's), or
         None when none is (its instance stopped, or it never ran in this process)."""
-        return self._running.stream_at(key)
+        stream = self._running.stream_at(key)
+        if stream is None and self._wake(key.space, key.scope):
+            stream = self._running.stream_at(key)
+        return stream
 
     def pattern_at(self, key: DocKey, path: Sequence[str | int]) -> Pattern | None:
         """The pattern a running instance's output placed at ``path`` of its result document
@@ -477,7 +629,10 @@ class Runtime:
         reference is a capability found by *where* it is: the same ``{"$pattern": ...}``
         shape written by a handler or a model is data, and runs nothing. ``path`` is the
         place itself, links already followed (as ``Documents.resolve`` returns it)."""
-        return self._running.pattern_at(key, path)
+        pattern = self._running.pattern_at(key, path)
+        if pattern is None and self._wake(key.space, key.scope):
+            pattern = self._running.pattern_at(key, path)
+        return pattern
 
     def deliver(self, stream: Stream, event: Any) -> None:
         """Run ``stream``'s handler on ``event`` now, inside this task's open transaction

@@ -63,8 +63,13 @@ class Scheduler:
         self._draining = False
         self._wake = wake
         self._tx: Transaction | None = None  # the running handler's transaction
+        # the live stream standing for a stopped one whose instance was parked since it was
+        # handed out, or None (set by the Runtime: Runtime.park)
+        self.current_stream: Callable[[Stream], Stream | None] = lambda stream: None
 
     def enqueue(self, stream: Stream, payload: Any) -> Event:
+        if stream.stopped:
+            stream = self.current_stream(stream) or stream
         payload = self._checked(stream, payload)
         tx = self._tx
         if tx is not None:
@@ -87,6 +92,8 @@ class Scheduler:
         so it has run (after those, before this returns) with no task switch. Nothing wakes
         the pump for it: the pump would find nothing left to run. The caller checks that
         no transaction is open."""
+        if stream.stopped:
+            stream = self.current_stream(stream) or stream
         ev = Event(stream, self._checked(stream, payload), self.current, awaited=True)
         if ev.depth > self.max_chain:
             raise _chain_cycle(ev, self.max_chain)
@@ -107,6 +114,8 @@ class Scheduler:
         if tx is None or tx.state is not TxState.OPEN:
             raise UsageError("deliver() runs a handler inside an open transaction: open one "
                              "with rt.transaction(), or send the event with rt.send()")
+        if stream.stopped:
+            stream = self.current_stream(stream) or stream
         payload = self._checked(stream, payload)  # a copy of its own: no retry reuses it
         point = tx.savepoint()
         token = _running.set(stream)
