@@ -153,6 +153,10 @@ class Cell:
         """The value with nested links left as links (what the document holds). With
         ``copy=False`` it is the runtime's own value, not a copy: for code that only reads,
         on a hot path (a builtin's bookkeeping, every step). Never change it."""
+        if not self.path:  # a document's root: a link there is followed, else it is the value
+            value = self._docs.value(self._key)
+            if type(value) is not dict or not is_link(value):
+                return copy_json(value) if copy else value
         _, _, value = self._docs.resolve(self._key, self.path)
         if value is MISSING:
             raise PathError(self._missing_message())
@@ -234,7 +238,10 @@ class Cell:
     def _write_target(self) -> tuple[DocKey, Path, Any]:
         """Where a write of this cell lands (see ``set``)."""
         docs = self._docs
-        key, path, value = docs.resolve(self._key, self.path, follow_last=False)
+        if not self.path:  # a document's root: nothing to follow on the way
+            key, path, value = self._key, (), docs.value(self._key)
+        else:
+            key, path, value = docs.resolve(self._key, self.path, follow_last=False)
         for _ in range(64):
             if not (is_link(value) and docs.doc(key).readonly):
                 return key, path, value
@@ -284,6 +291,8 @@ class Cell:
                     docs.report(e, f"sink on {self!r}")
 
         effect = signals.Effect(run, f"sink {self!r}")
+        if docs.effects is not None:  # made while an instance is built: one of its own
+            docs.effects.append(effect)
         return effect.dispose
 
     def observe(self) -> Observable[Any]:

@@ -175,9 +175,12 @@ class Documents:
         # while an instance is built: the keys it declares (each declare also counts the
         # document's holders); see Runtime.run and drop()
         self.recording: list[DocKey] | None = None
-        # asked before a document that is not loaded is read from the store: a parked
-        # instance that owns it comes back first (Runtime.park)
-        self.on_missing: Callable[[DocKey], None] | None = None
+        # ... and the effects (sinks) made meanwhile: the instance's own (Runtime.park)
+        self.effects: list[Any] | None = None
+        # asked before a document that is not loaded is read from the store, and before a
+        # write to one no running instance declares: a parked instance that owns it comes
+        # back first (Runtime.park). With write=True, the owner is looked for wider.
+        self.on_missing: Callable[[DocKey, bool], None] | None = None
         self._dropped = 0  # documents dropped since _docs was last copied (drop())
         self._docs: dict[DocKey, Doc] = {}
         self.listeners: list[Callable[[list[Change]], None]] = []
@@ -185,6 +188,7 @@ class Documents:
         self.closed = False
         self.notify_queue: deque[list[Change]] = deque()  # commits not yet told to listeners
         self.applying = 0  # commits applying to the kernel now (nested when a sink writes)
+        self.committing = 0  # commits under way, their after_commit hooks included
         # documents the store could not read, and at which version (reported once each)
         self._unreadable: dict[DocKey, int] = {}
 
@@ -532,7 +536,7 @@ class Documents:
         if doc is not None:
             return doc
         if self.on_missing is not None:
-            self.on_missing(key)  # a parked instance that owns it comes back
+            self.on_missing(key, False)  # a parked instance that owns it comes back
             doc = self._docs.get(key)
             if doc is not None:
                 return doc
@@ -755,6 +759,9 @@ class Transaction:
 
     def _doc_for_write(self, key: DocKey) -> Doc:
         doc = self.docs.doc(key)
+        if not doc.declared and not doc.derived and self.docs.on_missing is not None:
+            self.docs.on_missing(key, True)  # a parked instance that declares it comes back
+            doc = self.docs.doc(key)
         if doc.derived:
             raise ReadOnlyError(
                 f"cannot write to {doc.describe()}: it is computed from other cells; "
@@ -834,15 +841,20 @@ class Transaction:
         (outside this transaction: async work they start does not inherit it)."""
         if self.state is not TxState.OPEN:
             raise CellError(f"the transaction is {self.state.value} already")
+        docs = self.docs
+        docs.committing += 1  # until its hooks have run (Runtime.park waits for that)
         try:
-            records = self._apply() if any(p.ops for p in self.pending.values()) else []
-        except BaseException:
-            self.state = TxState.ABORTED
-            raise
-        self.state = TxState.COMMITTED
-        hooks, self.after_commit = self.after_commit, []
-        for hook in hooks:
-            hook()
+            try:
+                records = self._apply() if any(p.ops for p in self.pending.values()) else []
+            except BaseException:
+                self.state = TxState.ABORTED
+                raise
+            self.state = TxState.COMMITTED
+            hooks, self.after_commit = self.after_commit, []
+            for hook in hooks:
+                hook()
+        finally:
+            docs.committing -= 1
         return records
 
     def abort(self) -> None:

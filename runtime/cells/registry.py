@@ -49,9 +49,12 @@ class Registry:
         self._streams: dict[DocKey, list[Stream]] = {}
         self._placed: dict[DocKey, dict[tuple[str, ...], Pattern]] = {}  # by result document
         self._removed = 0  # instances removed since the indexes were last copied (remove())
-        # parked instances (Runtime.park), by identity and by the scope of their documents
+        # parked instances (Runtime.park): by identity, by the documents that are nothing
+        # without them running, and by the scope of their own documents
         self._parked: dict[tuple[Any, ...], Instance] = {}
+        self._parked_keys: dict[DocKey, Instance] = {}
         self._parked_in: dict[tuple[str, str], list[Instance]] = {}
+        self._unparked = 0  # since the parked indexes were last copied
 
     def __len__(self) -> int:
         return len(self._by_ident)
@@ -102,24 +105,47 @@ class Registry:
 
     # -- parked instances ----------------------------------------------------------------
 
-    def park(self, inst: Instance) -> None:
-        """File ``inst`` (already removed) as parked: found by its identity and by the
-        (space, scope) its own documents are in."""
+    def park(self, inst: Instance, keys: tuple[DocKey, ...]) -> None:
+        """File ``inst`` (already removed) as parked: found by its identity, by ``keys``
+        (the documents that are nothing without it running: its result, argument, streams
+        and computations) and by the (space, scope) of its own documents."""
         self._parked[inst.ident] = inst
+        owners = self._parked_keys
+        for key in keys:
+            owners[key] = inst
+        inst._parked_keys = keys
         self._parked_in.setdefault((inst.space, inst.scope.key), []).append(inst)
 
     def unpark(self, inst: Instance) -> None:
         if self._parked.get(inst.ident) is inst:
             del self._parked[inst.ident]
+        owners = self._parked_keys
+        for key in inst._parked_keys:
+            if owners.get(key) is inst:
+                del owners[key]
+        inst._parked_keys = ()
         where = (inst.space, inst.scope.key)
         parked = self._parked_in.get(where)
         if parked is not None:
             parked[:] = [p for p in parked if p is not inst]
             if not parked:
                 del self._parked_in[where]
+        self._unparked += 1
+        if self._unparked > max(256, len(self._parked)):  # a dict never shrinks (remove())
+            self._unparked = 0
+            self._parked = dict(self._parked)
+            self._parked_keys = dict(self._parked_keys)
+            self._parked_in = dict(self._parked_in)
 
     def parked(self, ident: tuple[Any, ...]) -> Instance | None:
         return self._parked.get(ident)
+
+    def all_parked(self) -> list[Instance]:
+        return list(self._parked.values())
+
+    def parked_owner(self, key: DocKey) -> Instance | None:
+        """The parked instance ``key`` is the result, argument, stream or computation of."""
+        return self._parked_keys.get(key)
 
     def parked_in(self, space: str, scope: str) -> list[Instance]:
         """The parked instances whose own documents are in ``scope`` of ``space``."""

@@ -95,6 +95,9 @@ class Instance:
         self._streams: dict[str, Stream] = {}
         self._builder: Builder | None = None
         self._stored: tuple[DocKey, ...] = ()  # the stored documents its build declared
+        self._effects: tuple[Any, ...] = ()  # the sinks its build made (its own readers)
+        self._parked_keys: tuple[DocKey, ...] = ()  # while parked: what brings it back
+        self._parked_derived: tuple[DocKey, ...] = ()  # ... of which its computations
         self._scopes: list[anyio.CancelScope] = []
         self.stopped = False
         self.parked = False
@@ -109,6 +112,8 @@ class Instance:
     def stream(self, name: str) -> Stream:
         """The stream at ``name`` in the result (``"add"`` or a dotted path)."""
         stream = self.streams.get(name)
+        if stream is None and self.stopped and not self._streams:  # stopped while parked
+            raise StreamError(f"{self!r} is stopped: rt.run its pattern again to use it")
         if stream is None:
             known = ", ".join(sorted(self._streams)) or "none"
             raise StreamError(
@@ -257,7 +262,7 @@ class Runtime:
                         tb: TracebackType | None) -> bool | None:
         if et is None:
             self.scheduler.drain()  # a clean exit runs what was queued: nothing is lost
-        for inst in self._running:
+        for inst in [*self._running, *self._running.all_parked()]:
             self.stop(inst)
         tg, self._tg = self._tg, None
         try:
@@ -334,7 +339,10 @@ class Runtime:
         streams, index it as running. Its first run, or its return from parking."""
         pattern, space, scope, docs = inst.pattern, inst.space, inst.scope, self.docs
         stored: list[DocKey] = []
-        outer, docs.recording = docs.recording, stored  # what it declares, and holds
+        effects: list[Any] = []
+        # what it declares (and holds), and the sinks it makes
+        outer, docs.recording = docs.recording, stored
+        outer_effects, docs.effects = docs.effects, effects
         try:
             with docs.declaring():  # the instance's documents: one store commit
                 builder = Builder(docs, self.scheduler, pattern.name, space, scope, inst.cause)
@@ -363,12 +371,13 @@ class Runtime:
             self._let_go(stored)  # it never ran: it holds nothing
             raise
         finally:
-            docs.recording = outer
+            docs.recording, docs.effects = outer, outer_effects
         inst.result = Cell(docs, res_key)
         inst.argument = argument
         inst._streams = streams
         inst._builder = builder
         inst._stored = tuple(stored)
+        inst._effects = tuple(effects)
         for stream in builder.streams:
             stream.owner = inst
         self._running.add(inst, builder.streams, placed)
@@ -388,9 +397,11 @@ class Runtime:
         if instance.stopped:
             return
         instance.stopped = True
-        if instance.parked:  # nothing of it runs: it is only filed as parked
+        if instance.parked:  # only filed as parked (and any work started for it since)
             instance.parked = False
             self._running.unpark(instance)
+            for scope in instance._scopes:
+                scope.cancel()
             return
         self._teardown(instance)
 
@@ -440,22 +451,30 @@ class Runtime:
         if current_transaction() is not None:
             raise StreamError("park() inside an open transaction (a handler's, or "
                               "`with rt.transaction()`): park after it commits")
+        # a commit under way (a listener or a sink calling this): work its handler started
+        # would start only after it, owned by an instance torn down meanwhile
+        if self.docs.committing or self.scheduler.current is not None:
+            return False
         if instance._scopes or any(ev.stream.owner is instance for ev in self.scheduler.queue):
             return False
         builder = instance._builder
         assert builder is not None
-        # its computeds must be its own: one another instance reads would go stale
-        own = {d.node for k in builder.derived if (d := self.docs._docs.get(k)) is not None}
-        if any(sub not in own for node in own for sub in node.subs):
+        # its computations must be read by its own only: another's reader would go stale
+        derived = [d.node for k in builder.derived if (d := self.docs._docs.get(k)) is not None]
+        own = {*derived, *instance._effects}
+        if any(sub not in own for node in derived for sub in node.subs):
             return False
+        keys = (instance.result.doc_key, instance.argument.doc_key, *builder.derived,
+                *(s.key for s in builder.streams))
         self._teardown(instance)
         space, scope = instance.space, instance.scope.key
         self.docs.drop(k for k in instance._stored if k.scope == scope and k.space == space)
         instance.parked = True
         instance._builder = None
         instance._streams = {}
-        instance._stored = ()
-        self._running.park(instance)
+        instance._stored = instance._effects = ()
+        instance._parked_derived = tuple(builder.derived)
+        self._running.park(instance, keys)
         return True
 
     def park_idle(self) -> int:
@@ -466,26 +485,44 @@ class Runtime:
         """Bring a parked instance back: its pattern runs again on its stored state."""
         self._running.unpark(instance)
         instance.parked = False
+        instance._parked_derived = ()
         try:
             self._build(instance)
         except BaseException:
             instance.stopped = True  # its documents stay stored; rt.run tries it anew
             raise
 
-    def _wake(self, space: str, scope: str) -> bool:
-        """Bring back the parked instances whose own documents are in ``scope`` of
-        ``space`` (one of them was asked for); True if there were any."""
+    def _wake(self, key: DocKey) -> bool:
+        """Bring back the parked instance ``key`` is the result, argument, stream or
+        computation of; True if there was one."""
         if not self._running.any_parked or self.docs.closed:
             return False
-        parked = self._running.parked_in(space, scope)
-        for inst in parked:
-            if inst.parked:
-                with signals.untracked():  # a computation's read does not own the build
-                    self._revive(inst)
-        return bool(parked)
+        inst = self._running.parked_owner(key)
+        if inst is None:
+            return False
+        if signals.in_computation() and key not in inst._parked_derived:
+            # a computation may not build (it would write): a stored document is read as
+            # stored; only a computation of the parked instance has nothing to read then
+            return False
+        with signals.untracked():  # a computation's read does not own the build
+            self._revive(inst)
+        return True
 
-    def _wake_doc(self, key: DocKey) -> None:
-        self._wake(key.space, key.scope)
+    def _wake_doc(self, key: DocKey, write: bool) -> None:
+        """``Documents.on_missing``: ``key`` is not loaded (or, ``write``, is about to be
+        written and nothing running declares it). Its owner comes back; for a write to a
+        stored document, whose owner is not indexed, every instance parked in its scope
+        does (errors of those it was not are reported: the write's own says the rest)."""
+        if self._wake(key) or not write or not self._running.any_parked or self.docs.closed:
+            return
+        for inst in self._running.parked_in(key.space, key.scope):
+            if not inst.parked:
+                continue
+            try:
+                with signals.untracked():
+                    self._revive(inst)
+            except Exception as e:
+                self.docs.report(e, f"bringing back {inst!r} for a write to /{key.id}")
 
     def _current_stream(self, stream: Stream) -> Stream | None:
         """For the scheduler: the live stream that stands for ``stream``, a stream of an
@@ -555,6 +592,8 @@ class Runtime:
         if owner is not None:
             if owner.stopped:
                 return
+            if owner.parked:  # work for it: it is in use again
+                self._revive(owner)
             owner._scopes.append(scope)
         self._inflight += 1
 
@@ -611,7 +650,7 @@ class Runtime:
         cells, a builtin node's state) may be shared by several instances, so they name no
         single owner."""
         inst = self._running.instance_of(key)
-        if inst is None and self._wake(key.space, key.scope):
+        if inst is None and self._wake(key):
             inst = self._running.instance_of(key)
         return inst
 
@@ -619,7 +658,7 @@ class Runtime:
         """The live stream whose document is ``key`` (a pattern's or a builtin node's), or
         None when none is (its instance stopped, or it never ran in this process)."""
         stream = self._running.stream_at(key)
-        if stream is None and self._wake(key.space, key.scope):
+        if stream is None and self._wake(key):
             stream = self._running.stream_at(key)
         return stream
 
@@ -630,7 +669,7 @@ class Runtime:
         shape written by a handler or a model is data, and runs nothing. ``path`` is the
         place itself, links already followed (as ``Documents.resolve`` returns it)."""
         pattern = self._running.pattern_at(key, path)
-        if pattern is None and self._wake(key.space, key.scope):
+        if pattern is None and self._wake(key):
             pattern = self._running.pattern_at(key, path)
         return pattern
 

@@ -22,7 +22,8 @@ What goes where (docs/reactivex.md has the why):
 - ``feed``: an item the stream refuses (its event schema, a value JSON cannot hold) is
   reported in ``rt.errors`` and the feed goes on with the next item. The source failing is
   reported there too and ends the feed; so does completing (without a report). Disposing
-  stops it. A stopped stream (its instance stopped) ends the feed at the next item, silently.
+  stops it. A stopped stream (its instance stopped) ends the feed at the next item, silently;
+  a stream whose instance was parked feeds the instance brought back.
 """
 
 from __future__ import annotations
@@ -208,6 +209,8 @@ class Feed(abc.DisposableBase):
     def _deliver(self, kind: int, value: Any) -> None:
         stream = self.stream
         if kind == _NEXT:
+            if stream.stopped:  # its instance parked since (Runtime.park): the live stream
+                stream = self.stream = stream._scheduler.current_stream(stream) or stream
             if stream.stopped:
                 self._end()
                 return
@@ -252,6 +255,8 @@ def feed(source: reactivex.Observable[Any], stream: Stream, *,
     Returns the ``Feed``: ``dispose()`` it to stop. A stream that is already stopped is a
     ``StreamError`` here. See the module docstring for what happens
     to bad items, the source's completion and errors, and a stopped stream."""
+    if stream.stopped:  # its instance parked since it was handed out: the live stream
+        stream = stream._scheduler.current_stream(stream) or stream
     if stream.stopped:  # the caller hears of it now, as stream.send would say
         raise StreamError(f"{stream!r} belongs to a stopped instance; nothing would handle "
                           "what is fed into it")

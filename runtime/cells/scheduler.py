@@ -202,6 +202,8 @@ class Scheduler:
 
     def _attempt(self, ev: Event) -> None:
         stream = ev.stream
+        if stream.stopped:  # its instance was parked since it was queued: the live one
+            stream = ev.stream = self.current_stream(stream) or stream
         tx = self._tx = Transaction(self.docs, synchronous=True)
         try:
             if stream.stopped:

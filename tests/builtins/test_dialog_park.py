@@ -9,7 +9,7 @@ import json
 import anyio
 import pytest
 
-from runtime import Runtime
+from runtime import Runtime, generate_text, pattern
 from runtime.builtins.management import Management, ToolOutcome
 from runtime.cells.scope import Scope
 from runtime.llm import Reply, ScriptedModel, call
@@ -72,3 +72,34 @@ async def test_management_tools_reach_a_parked_instance() -> None:
             assert rt.park(inst)
             out = await m.call("read", {"path": "/" + inst.result.id + "/label"})
             assert not out.is_error and json.loads(out.text) == "Groceries: 1 (None)"
+
+
+async def test_park_idle_from_a_commit_listener_never_loses_a_turn() -> None:
+    model = ScriptedModel(["Hello."])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="alice", session="s1")
+        rt.on_commit(lambda _: rt.park_idle())  # tried after every commit, the turn's too
+        await inst.send("send", "hi")
+        with anyio.fail_after(5):
+            await rt.settled()
+        assert rt.errors == []
+        assert len(model.requests) == 1
+        assert inst.result.key("messages").get()[-1]["blocks"][0]["text"] == "Hello."
+
+
+@pattern(name="park-writer")
+def writer(prompt: str = ""):
+    gen = generate_text(prompt, system="Be brief.")
+    return {"pending": gen.pending, "result": gen.result}
+
+
+async def test_an_idle_generation_parks_and_comes_back_without_a_new_call() -> None:
+    model = ScriptedModel(["Paris."])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(writer, {"prompt": "Capital of France?"}, session="s")
+        await rt.settled()
+        assert inst.result.key("result").get() == "Paris."
+        assert rt.park(inst) is True  # its own sink on its inputs does not hold it
+        assert inst.result.key("result").get() == "Paris."
+        await rt.settled()
+        assert len(model.requests) == 1
