@@ -144,12 +144,9 @@ class Assembler:
     def response(self) -> Response:
         if self._stop is None:
             raise self._bad("ended without a stop event")
-        # Built with model_construct: every part is checked here already (the events are
-        # validated models, text and names scrubbed of surrogates, arguments a JSON object
-        # from the strict decoder, scrubbed), so validation would only repeat it per step
         blocks: dict[int, Block] = {}
         for i, parts in self._texts.items():
-            blocks[i] = TextBlock.model_construct(text=scrub_text("".join(parts)))
+            blocks[i] = TextBlock(text=scrub_text("".join(parts)))
         for i, (cid, name, parts) in self._calls.items():
             raw = "".join(parts).strip() or "{}"
             name = scrub_text(name)
@@ -164,7 +161,7 @@ class Assembler:
                 # JSON text that is ASCII without a \u escape cannot decode to a surrogate
                 if not raw.isascii() or "\\u" in raw:
                     args = scrub(args)
-                blocks[i] = ToolUse.model_construct(id=scrub_text(cid), name=name, input=args)
+                blocks[i] = ToolUse(id=scrub_text(cid), name=name, input=args)
             except RecursionError:
                 raise LLMError(f"malformed reply: {which}: its arguments nest too deeply to "
                                "parse", fault=Fault.TERMINAL, provider=self._provider) from None
@@ -172,9 +169,8 @@ class Assembler:
                 msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
                 raise self._bad(f"{which}: its arguments are not JSON ({msg})") from None
         blocks.update(self._opaque)
-        message = Message.model_construct(role=Role.ASSISTANT,
-                                          blocks=tuple(blocks[i] for i in sorted(blocks)))
-        return Response.model_construct(
+        message = Message(role=Role.ASSISTANT, blocks=tuple(blocks[i] for i in sorted(blocks)))
+        return Response(
             message=message,
             stop_reason=self._stop.stop_reason,
             usage=self._usage,
