@@ -212,6 +212,8 @@ class _Server:
     minting_rate: RateLimiter = field(init=False)
     connections: ConnectionCounter = field(init=False)
     indexes: OrderedDict[str, Instance] = field(default_factory=OrderedDict)
+    # evicted and parked (Runtime.park): their documents left memory; rt.run brings one back
+    parked: dict[tuple[str, str], Instance] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         lim = self.limits
@@ -231,7 +233,8 @@ class _Server:
         for served in self.served.values():
             if served.hub is not None:
                 served.hub.close()
-        instances = [s.inst for s in self.served.values()] + list(self.indexes.values())
+        instances = [s.inst for s in self.served.values()] + list(self.indexes.values()) \
+            + list(self.parked.values())
         self.served.clear()
         self.indexes.clear()
         if stop_instances and self.rt is not None:
@@ -274,9 +277,10 @@ class _Server:
             return inst
         inst = self.indexes[user] = self.runtime().run(sessions_index, space=self.space,
                                                         user=user)
+        self.parked.pop(("", user), None)
         if len(self.indexes) > self.limits.max_instances:
-            _, oldest = self.indexes.popitem(last=False)
-            self.runtime().stop(oldest)
+            old_user, oldest = self.indexes.popitem(last=False)
+            self.put_away(("", old_user), oldest)
         return inst
 
     def sessions(self, user: str) -> list[dict[str, Any]]:
@@ -312,14 +316,23 @@ class _Server:
                                        "POST /api/sessions for a new one"))
         inst = self.runtime().run(self.pattern, self.args, space=self.space, user=user,
                                   session=sid)
+        self.parked.pop((user, sid), None)
         served = self.served[(user, sid)] = _Session(inst, dialog_surface(inst))
         self.evict()
         return served
 
+    def put_away(self, key: tuple[str, str], inst: Instance) -> None:
+        """An instance the server no longer keeps running: parked (its documents leave
+        memory; ``rt.run`` brings it back), or stopped if it is busy."""
+        if self.runtime().park(inst):
+            self.parked[key] = inst
+        else:
+            self.runtime().stop(inst)
+
     def evict(self) -> None:
-        """Past ``max_instances`` running, stop the least recently used that no tab watches
-        and no reply runs in. Its documents stay in the store: the next request for it runs
-        the pattern again and finds them."""
+        """Past ``max_instances`` running, park the least recently used that no tab watches
+        and no reply runs in (``put_away``). Its documents stay in the store: the next
+        request for it brings it back from them."""
         over = len(self.served) - self.limits.max_instances
         if over <= 0:
             return
@@ -328,7 +341,7 @@ class _Server:
             pending = served.surface.cell("pending")
             if served.hub is None and not (pending is not None and pending.get()):
                 del self.served[key]
-                self.runtime().stop(served.inst)
+                self.put_away(key, served.inst)
                 over -= 1
                 if not over:
                     return

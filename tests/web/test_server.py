@@ -363,7 +363,11 @@ async def test_a_tab_too_slow_for_its_queue_is_closed_and_others_go_on() -> None
         assert fast.closed and not hub.tabs
 
 
-async def test_idle_instances_past_the_limit_are_stopped_and_come_back_whole() -> None:
+def key_of(server, sid):
+    return next(key for key in server.parked if key[1] == sid)
+
+
+async def test_idle_instances_past_the_limit_are_parked_and_come_back_whole() -> None:
     model = ScriptedModel(["First answer.", "Second answer."])
     app = app_for(model, limits=Limits(max_instances=1))
     async with serving(app) as base, Browser(base) as b:
@@ -373,11 +377,14 @@ async def test_idle_instances_past_the_limit_are_stopped_and_come_back_whole() -
             await b.send(first, "send", "one")
             await tab.until(lambda d: texts(d["messages"], "assistant") == ["First answer."])
         second = (await b.post("/api/sessions", None)).json()["id"]
-        async with b.tab(second) as tab:  # the first, unwatched and idle, is stopped
+        async with b.tab(second) as tab:  # the first, unwatched and idle, is parked
             running = [key[1] for key in server.served]
             assert running == [second]
+            [(_, parked_sid)] = [key for key in server.parked if key[0]]
+            assert parked_sid == first and server.parked[key_of(server, first)].parked
             async with b.tab(first) as again:  # ... and runs again from its documents
                 assert texts(again.doc["messages"], "user") == ["one"]
+                assert not any(key[1] == first for key in server.parked)
                 await b.send(first, "send", "two")
                 await again.until(lambda d: texts(d["messages"], "assistant")
                                   == ["First answer.", "Second answer."])
