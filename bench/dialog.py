@@ -54,7 +54,7 @@ peer's ``FunctionModel`` script counts tool returns and returns a ``ModelRespons
     (so entries a cache drops while sessions are made count as freed, not as kept):
     traced bytes after ``gc.collect()`` with N sessions live minus before them, per session,
     N = 100 and 500 (flat if the cost is per session), and the marginal cost between them.
-    Ours before any turn too; ours again after ``rt.park_idle()`` (parked: how a server
+    Ours before any turn too; ours again after ``rt.park`` of each (parked: how a server
     holds idle sessions, each brought back by a read, a send or ``rt.run``; its turn
     checked after); and what stays traced after the runtime closes and every session is
     dropped (per session). Target: ours, parked, at N = 500 at most 2x pydantic-ai's (ours
@@ -460,7 +460,7 @@ async def _ours_sessions(n: int, top: int) -> dict[str, Any]:
         live = traced()
         sites = growth_sites(snap0, tracemalloc.take_snapshot(), n, top) if snap0 else []
         # idle between turns, as a server holds them: parked (Runtime.park)
-        not_parked = n - rt.park_idle()
+        not_parked = sum(1 for i in insts if not rt.park(i))  # (the warm-up one runs on)
         parked = traced()
         parked_sites = (growth_sites(snap0, tracemalloc.take_snapshot(), n, top)
                         if snap0 else [])
@@ -807,8 +807,8 @@ async def main_async(args: argparse.Namespace) -> None:
                                  / (int(hi) - int(lo))), "", "", ""))
         table(rows)
         print("(ours: the instance running, its graph live; ours, parked: the same sessions "
-              "after rt.park_idle(), as a server holds idle ones; a read, a send or rt.run "
-              "brings one back)")
+              "after rt.park(inst) of each, as a server holds idle ones; a read, a send or "
+              "rt.run brings one back)")
         if not mem["ours"][hi]["same_shape"]:
             print("note: our session's messages and items differ from the dict-of-lists "
                   "baseline's shape")
