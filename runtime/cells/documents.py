@@ -869,6 +869,10 @@ class Transaction:
         written: list[tuple[DocKey, _Pending, Doc]] = []
         for k, p in self.pending.items():
             doc = docs.doc(k)
+            if p.ops and not doc.declared and not doc.scratch:
+                # loaded again since it was written (its instance parked meanwhile): its
+                # owner comes back, so the write is checked against its schema
+                doc = self._doc_for_write(k)
             if p.ops:
                 if not doc.scratch and not _cancelled_out(doc, p):
                     written.append((k, p, doc))

@@ -105,16 +105,19 @@ class Registry:
 
     # -- parked instances ----------------------------------------------------------------
 
-    def park(self, inst: Instance, keys: tuple[DocKey, ...]) -> None:
+    def park(self, inst: Instance, keys: tuple[DocKey, ...],
+             scopes: tuple[tuple[str, str], ...]) -> None:
         """File ``inst`` (already removed) as parked: found by its identity, by ``keys``
         (the documents that are nothing without it running: its result, argument, streams
-        and computations) and by the (space, scope) of its own documents."""
+        and computations) and by the (space, scope)s its stored documents are in."""
         self._parked[inst.ident] = inst
         owners = self._parked_keys
         for key in keys:
             owners[key] = inst
         inst._parked_keys = keys
-        self._parked_in.setdefault((inst.space, inst.scope.key), []).append(inst)
+        inst._parked_scopes = scopes
+        for where in scopes:
+            self._parked_in.setdefault(where, []).append(inst)
 
     def unpark(self, inst: Instance) -> None:
         if self._parked.get(inst.ident) is inst:
@@ -124,12 +127,13 @@ class Registry:
             if owners.get(key) is inst:
                 del owners[key]
         inst._parked_keys = ()
-        where = (inst.space, inst.scope.key)
-        parked = self._parked_in.get(where)
-        if parked is not None:
-            parked[:] = [p for p in parked if p is not inst]
-            if not parked:
-                del self._parked_in[where]
+        for where in inst._parked_scopes:
+            parked = self._parked_in.get(where)
+            if parked is not None:
+                parked[:] = [p for p in parked if p is not inst]
+                if not parked:
+                    del self._parked_in[where]
+        inst._parked_scopes = ()
         self._unparked += 1
         if self._unparked > max(256, len(self._parked)):  # a dict never shrinks (remove())
             self._unparked = 0
@@ -148,7 +152,7 @@ class Registry:
         return self._parked_keys.get(key)
 
     def parked_in(self, space: str, scope: str) -> list[Instance]:
-        """The parked instances whose own documents are in ``scope`` of ``space``."""
+        """The parked instances with stored documents in ``scope`` of ``space``."""
         parked = self._parked_in.get((space, scope))
         return list(parked) if parked else []
 

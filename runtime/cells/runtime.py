@@ -98,6 +98,7 @@ class Instance:
         self._effects: tuple[Any, ...] = ()  # the sinks its build made (its own readers)
         self._parked_keys: tuple[DocKey, ...] = ()  # while parked: what brings it back
         self._parked_derived: tuple[DocKey, ...] = ()  # ... of which its computations
+        self._parked_scopes: tuple[tuple[str, str], ...] = ()  # where its documents are
         self._scopes: list[anyio.CancelScope] = []
         self.stopped = False
         self.parked = False
@@ -334,15 +335,18 @@ class Runtime:
         self._build(inst)
         return inst
 
-    def _build(self, inst: Instance) -> None:
+    def _build(self, inst: Instance, *, keep_result: bool = False) -> None:
         """Run ``inst``'s pattern: declare its documents (one store commit), bind its
-        streams, index it as running. Its first run, or its return from parking."""
+        streams, index it as running. Its first run, or its return from parking.
+        ``keep_result``: the result stays as stored (brought back inside a computation,
+        which may not write; only plain values its build computed could differ)."""
         pattern, space, scope, docs = inst.pattern, inst.space, inst.scope, self.docs
         stored: list[DocKey] = []
         effects: list[Any] = []
         # what it declares (and holds), and the sinks it makes
         outer, docs.recording = docs.recording, stored
         outer_effects, docs.effects = docs.effects, effects
+        builder: Builder | None = None
         try:
             with docs.declaring():  # the instance's documents: one store commit
                 builder = Builder(docs, self.scheduler, pattern.name, space, scope, inst.cause)
@@ -363,12 +367,14 @@ class Runtime:
                 value = _to_document(output, (), streams, placed)
                 res_key = DocKey(space, scope.key, derive(inst.cause, "result"))
                 docs.declare(
-                    res_key, value, None, f"{pattern.name} result", overwrite=True,
+                    res_key, value, None, f"{pattern.name} result", overwrite=not keep_result,
                     readonly="an instance's result is written by the runtime; write the cells "
                     "it names (a write through one of its links lands on the cell)",
                 )
         except BaseException:
             self._let_go(stored)  # it never ran: it holds nothing
+            if builder is not None:  # and nothing of what it made so far runs on
+                self._unbuild(builder, effects, inst)
             raise
         finally:
             docs.recording, docs.effects = outer, outer_effects
@@ -383,6 +389,22 @@ class Runtime:
         self._running.add(inst, builder.streams, placed)
         if self.collector is not None:
             self.collector.started()
+
+    def _unbuild(self, builder: Builder, effects: Sequence[Any], inst: Instance) -> None:
+        """What a build made goes: streams closed, computations forgotten, teardown hooks
+        run, and ``effects`` (the sinks of a build that failed half-way, whose builtins
+        never registered their teardown) disposed."""
+        for stream in builder.streams:
+            stream.stopped = True
+        for key in builder.derived:
+            self.docs.forget(key)
+        for hook in builder.on_stop:
+            try:
+                hook()
+            except Exception as e:  # one node's teardown must not stop the others'
+                self.docs.report(e, f"stopping {inst!r}")
+        for effect in effects:
+            effect.dispose()
 
     def _let_go(self, keys: Sequence[DocKey]) -> None:
         docs = self.docs._docs
@@ -410,15 +432,7 @@ class Runtime:
             scope.cancel()
         builder = instance._builder
         assert builder is not None
-        for stream in builder.streams:
-            stream.stopped = True
-        for key in builder.derived:
-            self.docs.forget(key)
-        for hook in builder.on_stop:
-            try:
-                hook()
-            except Exception as e:  # one node's teardown must not stop the others'
-                self.docs.report(e, f"stopping {instance!r}")
+        self._unbuild(builder, (), instance)
         self._running.remove(instance, builder.streams)
         self._let_go(instance._stored)
 
@@ -468,26 +482,33 @@ class Runtime:
                 *(s.key for s in builder.streams))
         self._teardown(instance)
         space, scope = instance.space, instance.scope.key
-        self.docs.drop(k for k in instance._stored if k.scope == scope and k.space == space)
+        stored = instance._stored
+        self.docs.drop(k for k in stored if k.scope == scope and k.space == space)
+        loaded = self.docs._docs
+        for key in stored:  # left in memory (read live, or wider than its scope) and
+            doc = loaded.get(key)  # declared by nothing running: a write brings it back
+            if doc is not None and not doc.holders and not doc.derived:
+                doc.declared = False
+        scopes = tuple({(k.space, k.scope) for k in stored} | {(space, scope)})
         instance.parked = True
         instance._builder = None
         instance._streams = {}
         instance._stored = instance._effects = ()
         instance._parked_derived = tuple(builder.derived)
-        self._running.park(instance, keys)
+        self._running.park(instance, keys, scopes)
         return True
 
     def park_idle(self) -> int:
         """Park every running instance that is idle (``park``); returns how many were."""
         return sum(1 for inst in self._running if self.park(inst))
 
-    def _revive(self, instance: Instance) -> None:
+    def _revive(self, instance: Instance, *, keep_result: bool = False) -> None:
         """Bring a parked instance back: its pattern runs again on its stored state."""
         self._running.unpark(instance)
         instance.parked = False
         instance._parked_derived = ()
         try:
-            self._build(instance)
+            self._build(instance, keep_result=keep_result)
         except BaseException:
             instance.stopped = True  # its documents stay stored; rt.run tries it anew
             raise
@@ -500,12 +521,13 @@ class Runtime:
         inst = self._running.parked_owner(key)
         if inst is None:
             return False
-        if signals.in_computation() and key not in inst._parked_derived:
-            # a computation may not build (it would write): a stored document is read as
-            # stored; only a computation of the parked instance has nothing to read then
+        inside = signals.in_computation()
+        if inside and key not in inst._parked_derived:
+            # a stored document is read as stored from inside a computation; only one of
+            # the parked instance's computations has nothing to read without it
             return False
         with signals.untracked():  # a computation's read does not own the build
-            self._revive(inst)
+            self._revive(inst, keep_result=inside)  # (a computation may not write)
         return True
 
     def _wake_doc(self, key: DocKey, write: bool) -> None:

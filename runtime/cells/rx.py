@@ -209,8 +209,13 @@ class Feed(abc.DisposableBase):
     def _deliver(self, kind: int, value: Any) -> None:
         stream = self.stream
         if kind == _NEXT:
-            if stream.stopped:  # its instance parked since (Runtime.park): the live stream
-                stream = self.stream = stream._scheduler.current_stream(stream) or stream
+            try:
+                if stream.stopped:  # its instance parked since (Runtime.park): the live one
+                    stream = self.stream = stream._scheduler.current_stream(stream) or stream
+            except Exception as e:  # it could not come back: said, and the feed ends
+                self._report(e, f"feed into {stream!r}")
+                self._end()
+                return
             if stream.stopped:
                 self._end()
                 return

@@ -212,8 +212,9 @@ class _Server:
     minting_rate: RateLimiter = field(init=False)
     connections: ConnectionCounter = field(init=False)
     indexes: OrderedDict[str, Instance] = field(default_factory=OrderedDict)
-    # evicted and parked (Runtime.park): their documents left memory; rt.run brings one back
-    parked: dict[tuple[str, str], Instance] = field(default_factory=dict)
+    # evicted and parked (Runtime.park): their documents left memory; rt.run brings one
+    # back. The least recently parked past Limits.max_parked are stopped.
+    parked: OrderedDict[tuple[str, str], Instance] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         lim = self.limits
@@ -237,6 +238,7 @@ class _Server:
             + list(self.parked.values())
         self.served.clear()
         self.indexes.clear()
+        self.parked.clear()
         if stop_instances and self.rt is not None:
             for inst in instances:
                 self.rt.stop(inst)
@@ -324,10 +326,15 @@ class _Server:
     def put_away(self, key: tuple[str, str], inst: Instance) -> None:
         """An instance the server no longer keeps running: parked (its documents leave
         memory; ``rt.run`` brings it back), or stopped if it is busy."""
-        if self.runtime().park(inst):
-            self.parked[key] = inst
-        else:
-            self.runtime().stop(inst)
+        rt = self.runtime()
+        if not rt.park(inst):
+            rt.stop(inst)
+            return
+        self.parked[key] = inst
+        self.parked.move_to_end(key)
+        while len(self.parked) > self.limits.max_parked:
+            _, oldest = self.parked.popitem(last=False)
+            rt.stop(oldest)
 
     def evict(self) -> None:
         """Past ``max_instances`` running, park the least recently used that no tab watches

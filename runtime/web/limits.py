@@ -30,7 +30,11 @@ class Limits:
     - ``max_connections``: open event streams per user, all tabs together (429).
     - ``max_sessions``: sessions one user may make (429 on "New chat" past it).
     - ``max_instances``: sessions kept running in memory; past it, the least recently used
-      one that no tab watches and no reply runs in is stopped (its documents stay stored).
+      one that no tab watches and no reply runs in is parked (``Runtime.park``: its
+      documents leave memory; asked for again, it comes back from them).
+    - ``max_parked``: parked sessions kept findable in memory (a few KiB each); past it,
+      the least recently parked is stopped (nothing of it stays in memory on a file or
+      server store; asked for again, it runs anew from its documents).
     - ``queue`` and ``queue_bytes``: patches (and their bytes) waiting for one slow tab
       before it is dropped; the bytes bound what a tab that stopped reading can cost.
     - ``connects_per_second``: a user's new event streams (a reconnect storm costs a
@@ -48,6 +52,7 @@ class Limits:
     max_connections: int = 16
     max_sessions: int = 1000
     max_instances: int = 2000
+    max_parked: int = 20_000
     queue: int = 256
     queue_bytes: int = 1024 * 1024
     connects_per_second: float = 2.0
@@ -58,7 +63,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name in ("max_body", "burst", "max_connections", "max_sessions", "max_instances",
-                     "queue", "queue_bytes"):
+                     "max_parked", "queue", "queue_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise WebConfigError(f"Limits.{name} must be a positive integer, got {value!r}")

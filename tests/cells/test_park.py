@@ -505,3 +505,150 @@ async def test_a_parked_result_stays_read_only() -> None:
             with rt.transaction():
                 Cell(rt.docs, result.doc_key).set({"title": "mine"})
         assert inst.result.key("title").get() == "untitled"
+
+
+# ---------------------------------------------------------------------------- second review
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_a_write_held_across_parking_is_still_checked_at_commit(store, tmp_path) -> None:
+    @pattern(name="park-typed-commit")
+    def typed():
+        n = cell(0, schema={"type": "integer"}, scope="session", name="n")
+        return {"n": n}
+
+    url = "memory" if store == "memory" else f"sqlite:///{tmp_path / 'c.db'}"
+    async with Runtime(store=url) as rt:
+        inst = rt.run(typed, session="s1")
+        n = inst.result.key("n").resolve()
+        ready, parked = anyio.Event(), anyio.Event()
+        outcome: list[object] = []
+
+        async def writer() -> None:
+            try:
+                with rt.transaction():
+                    n.set("not a number")  # checked when it commits, not when it is made
+                    ready.set()
+                    await parked.wait()
+                outcome.append("committed")
+            except SchemaError as e:
+                outcome.append(e)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer)
+            await ready.wait()
+            assert rt.park(inst)  # its document left memory meanwhile
+            parked.set()
+        assert isinstance(outcome[0], SchemaError)
+        assert n.get() == 0
+
+
+async def test_a_write_to_a_document_kept_loaded_brings_its_instance_back() -> None:
+    seen: list[object] = []
+    async with Runtime() as rt:
+        inst = rt.run(todo, session="s1")
+        items = inst.result.key("items").resolve()
+        stop = items.sink(seen.append)  # read live: its document stays loaded when parked
+        assert rt.park(inst)
+        items.push("milk")  # nothing running declares it: its instance comes back first
+        assert not inst.parked
+        assert inst.result.key("count").get() == 1
+        assert seen[-1] == ["milk"]
+        stop()
+
+
+async def test_a_write_to_a_wider_scoped_document_brings_its_instance_back() -> None:
+    @pattern(name="park-wide")
+    def wide():
+        notes = cell([], schema={"type": "array", "items": {"type": "string"}},
+                     scope="user", name="notes")  # wider than the instance's session
+        return {"notes": notes, "mine": cell(0, scope="session", name="mine")}
+
+    async with Runtime() as rt:
+        inst = rt.run(wide, user="u", session="s1")
+        notes = inst.result.key("notes").resolve()
+        assert rt.park(inst)
+        with pytest.raises(SchemaError):
+            notes.push(5)  # its owner came back to say what the notes take
+        assert not inst.parked
+
+
+@pattern(name="park-labelled")
+def labelled(title: str = "t"):
+    items = cell([], scope="session", name="items")
+    count = computed(lambda: len(items.get()), name="count")
+    return {"items": items, "count": count, "label": f"list {title.get()}",
+            "add": add(items=items, log=cell(0, scope="session", name="log"))}
+
+
+async def test_a_computation_reading_a_parked_computation_brings_it_back() -> None:
+    @pattern(name="park-counter-reader")
+    def reader(source: int = 0):
+        return {"n": computed(lambda: source.get(), name="n")}
+
+    async with Runtime() as rt:
+        a = rt.run(labelled, session="s1")
+        await a.send("add", "x")
+        b = rt.run(reader, {"source": a.result.key("count")}, session="s1")
+        assert b.result.key("n").get() == 1
+        a.argument.key("title").set("u")  # its result says "list t" until it builds again
+        assert rt.park(a)
+        await rt.run(labelled, session="other").send("add", "bump")  # n goes stale
+        assert b.result.key("n").get() == 1  # A came back inside B's computation
+        assert not a.parked and not a.stopped
+        assert a.result.key("label").get() == "list t"  # kept as stored, as had it run on
+        await a.send("add", "y")
+        assert b.result.key("n").get() == 2
+
+
+async def test_a_failed_return_from_a_feed_is_reported_and_ends_the_feed() -> None:
+    from reactivex.subject import Subject
+
+    @pattern(name="park-fed")
+    def fed():
+        if FRAGILE["on"]:
+            raise RuntimeError("the fed one cannot build now")
+        items = cell([], scope="session", name="items")
+        return {"items": items, "add": add(items=items, log=cell(0, scope="session"))}
+
+    FRAGILE["on"] = False
+    try:
+        async with Runtime() as rt:
+            source = Subject()
+            other = rt.run(todo, session="other")
+            beside = other.stream("add").feed(source)
+            target = rt.run(fed, session="fed")
+            into = target.stream("add").feed(source)
+            source.on_next("a")
+            await rt.idle()
+            assert rt.park(target)
+            FRAGILE["on"] = True
+            source.on_next("b")  # not raised into the source's on_next
+            await rt.idle()
+            assert any("cannot build" in str(e) for _, e in rt.errors)
+            assert into.done and not beside.done
+            assert other.result.key("items").get() == ["a", "b"]
+    finally:
+        FRAGILE["on"] = False
+
+
+async def test_a_build_that_fails_half_way_leaves_nothing_running() -> None:
+    seen: list[object] = []
+    fail = {"on": True}
+
+    @pattern(name="park-half-built")
+    def half():
+        items = cell([], scope="session", name="items")
+        items.sink(seen.append)  # made before the failure
+        if fail["on"]:
+            raise RuntimeError("fails after its sink")
+        return {"items": items}
+
+    async with Runtime() as rt:
+        with pytest.raises(RuntimeError, match="after its sink"):
+            rt.run(half, session="s1")
+        assert seen == [[]]
+        fail["on"] = False
+        inst = rt.run(half, session="s1")
+        inst.result.key("items").push("milk")
+        assert seen == [[], [], ["milk"]]  # the second build's sink only, not the first's

@@ -599,3 +599,23 @@ async def test_one_hub_failing_closes_its_tabs_and_not_the_others() -> None:
             await good.flushed.wait()
         tg.cancel_scope.cancel()
     assert bad.closed and not good.closed and len(good.flushes) == 2
+
+
+async def test_parked_sessions_past_their_limit_are_stopped(tmp_path) -> None:
+    from runtime.web.app import _Server
+    from tests.builtins.support import todo_agent
+
+    async with Runtime(store=f"sqlite:///{tmp_path / 's.db'}", model=ScriptedModel([])) as rt:
+        server = _Server(todo_agent, None, "default", Limits(max_instances=2, max_parked=5),
+                         None, None, rt=rt)
+        made = []
+        for i in range(12):
+            user = f"user{i}"
+            sid = await server.make_session(user)
+            made.append((user, sid, server.session(user, sid).inst))
+        assert len(rt._running) <= 4  # two sessions and two session lists
+        assert len(server.parked) == len(rt._running.all_parked()) == 5
+        assert sum(inst.stopped for _, _, inst in made) >= 4  # the oldest: stopped
+        user, sid, first = made[0]
+        again = server.session(user, sid).inst  # asked for again: runs anew
+        assert again is not first and again.result.key("messages").get() == []
