@@ -86,7 +86,7 @@ class BuiltinNode:
     def stream(self, name: str, fn: Callable[[Any], Any], *,
                event: SchemaLike | None = None) -> Stream:
         """A stream whose events run ``fn(event)`` as a handler, in a transaction."""
-        h = Handler(fn, to_json_schema(event) if event is not None else None)
+        h = Handler(fn, to_json_schema(event) if event is not None else None, wraps=False)
         key = DocKey(self.space, self.scope.key, derive(self.cause, "stream", name))
         return h.bind_in(self._b, key, {}, f"{self.label}.{name}")
 

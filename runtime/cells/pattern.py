@@ -147,28 +147,34 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Cell]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _function_parameters(fn: Callable[..., Any]) -> tuple[inspect.Parameter, ...]:
-    return tuple(inspect.signature(fn).parameters.values())
+def _function_shape(fn: Callable[..., Any]) -> tuple[tuple[inspect.Parameter, ...], bool]:
+    is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+    return tuple(inspect.signature(fn).parameters.values()), is_async
 
 
-def _parameters(fn: Callable[..., Any]) -> list[inspect.Parameter]:
-    """``fn``'s parameters, read once per function: a builtin binds a method of each of its
-    instances (``inspect.signature`` costs more than the rest of the binding)."""
+def _shape(fn: Callable[..., Any]) -> tuple[list[inspect.Parameter], bool]:
+    """``fn``'s parameters and whether it is ``async``, read once per function: a builtin
+    binds a method of each of its instances (``inspect.signature`` costs more than the
+    rest of the binding)."""
     func = getattr(fn, "__func__", None)
     if func is not None and getattr(fn, "__self__", None) is not None:
-        return list(_function_parameters(func)[1:])  # a bound method: without self
+        params, is_async = _function_shape(func)
+        return list(params[1:]), is_async  # a bound method: without self
     try:
-        return list(_function_parameters(fn))
+        params, is_async = _function_shape(fn)
     except TypeError:  # unhashable callable
-        return list(inspect.signature(fn).parameters.values())
+        params = tuple(inspect.signature(fn).parameters.values())
+        is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+    return list(params), is_async
 
 
 class Handler:
     """A function ``fn(event, **state)``; calling it with the state binds it to a Stream."""
 
     def __init__(self, fn: Callable[..., Any], event_schema: dict[str, Any] | None,
-                 event_model: type[BaseModel] | None = None) -> None:
-        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+                 event_model: type[BaseModel] | None = None, *, wraps: bool = True) -> None:
+        params, is_async = _shape(fn)
+        if is_async:
             raise PatternError(
                 f"handler {fn.__name__} is `async def`, but handlers run synchronously inside "
                 "their transaction (an await there would never run). Make it a plain `def` "
@@ -179,12 +185,12 @@ class Handler:
         self.name = fn.__name__
         self.event_schema = event_schema
         self.event_model = event_model  # events arrive as this model when it is set
-        params = _parameters(fn)
         if not params:
             raise PatternError(f"handler {self.name} must take the event as its first parameter")
         self._state = params[1:]
         self._varkw = any(p.kind is p.VAR_KEYWORD for p in self._state)
-        functools.update_wrapper(self, fn)
+        if wraps:  # a decorated function keeps its name and docs (not a builtin's stream)
+            functools.update_wrapper(self, fn)
 
     def __call__(self, **bindings: Any) -> Stream:
         b = _current(f"binding handler {self.name}")
