@@ -53,7 +53,8 @@ class Registry:
         # without them running, and by the scope of their own documents
         self._parked: dict[tuple[Any, ...], Instance] = {}
         self._parked_keys: dict[DocKey, Instance] = {}
-        self._parked_in: dict[tuple[str, str], list[Instance]] = {}
+        # (an insertion-ordered dict per scope: a removal is O(1) however many share it)
+        self._parked_in: dict[tuple[str, str], dict[Instance, None]] = {}
         self._unparked = 0  # since the parked indexes were last copied
 
     def __len__(self) -> int:
@@ -117,7 +118,7 @@ class Registry:
         inst._parked_keys = keys
         inst._parked_scopes = scopes
         for where in scopes:
-            self._parked_in.setdefault(where, []).append(inst)
+            self._parked_in.setdefault(where, {})[inst] = None
 
     def unpark(self, inst: Instance) -> None:
         if self._parked.get(inst.ident) is inst:
@@ -130,7 +131,7 @@ class Registry:
         for where in inst._parked_scopes:
             parked = self._parked_in.get(where)
             if parked is not None:
-                parked[:] = [p for p in parked if p is not inst]
+                parked.pop(inst, None)
                 if not parked:
                     del self._parked_in[where]
         inst._parked_scopes = ()

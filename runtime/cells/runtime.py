@@ -533,10 +533,12 @@ class Runtime:
     def _wake_doc(self, key: DocKey, write: bool) -> None:
         """``Documents.on_missing``: ``key`` is not loaded (or, ``write``, is about to be
         written and nothing running declares it). Its owner comes back; for a write to a
-        stored document, whose owner is not indexed, every instance parked in its scope
-        does (errors of those it was not are reported: the write's own says the rest)."""
+        stored document, whose owner is not indexed, those parked in its scope come back
+        one by one until one declares it (errors of those it was not are reported: the
+        write's own says the rest)."""
         if self._wake(key) or not write or not self._running.any_parked or self.docs.closed:
             return
+        loaded = self.docs._docs
         for inst in self._running.parked_in(key.space, key.scope):
             if not inst.parked:
                 continue
@@ -545,6 +547,9 @@ class Runtime:
                     self._revive(inst)
             except Exception as e:
                 self.docs.report(e, f"bringing back {inst!r} for a write to /{key.id}")
+            doc = loaded.get(key)
+            if doc is not None and doc.declared:  # its owner is back: the rest stay parked
+                return
 
     def _current_stream(self, stream: Stream) -> Stream | None:
         """For the scheduler: the live stream that stands for ``stream``, a stream of an

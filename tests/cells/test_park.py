@@ -652,3 +652,15 @@ async def test_a_build_that_fails_half_way_leaves_nothing_running() -> None:
         inst = rt.run(half, session="s1")
         inst.result.key("items").push("milk")
         assert seen == [[], [], ["milk"]]  # the second build's sink only, not the first's
+
+
+async def test_a_write_brings_back_instances_of_its_scope_only_until_its_owner() -> None:
+    async with Runtime() as rt:
+        insts = [rt.run(document, {"doc_id": str(i)}) for i in range(20)]
+        cells = [inst.result.key("items").resolve() for inst in insts]
+        assert rt.park_idle() == 20
+        cells[0].push("first")  # a stored cell of the oldest parked: it alone comes back
+        assert [i for i, inst in enumerate(insts) if not inst.parked] == [0]
+        cells[5].push("sixth")  # the others come back in the order they parked, up to it
+        assert [i for i, inst in enumerate(insts) if not inst.parked] == list(range(6))
+        assert insts[5].result.key("items").get() == ["sixth"]
