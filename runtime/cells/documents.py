@@ -495,7 +495,7 @@ class Documents:
     def forget(self, key: DocKey) -> None:
         self._docs.pop(key, None)
 
-    def let_go(self, doc: Doc) -> None:
+    def release(self, doc: Doc) -> None:
         """One instance that declared ``doc`` no longer runs (stopped or parked)."""
         if doc.holders > 0:
             doc.holders -= 1

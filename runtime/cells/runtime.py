@@ -75,8 +75,8 @@ class Instance:
     """A running pattern: its ``result`` and ``argument`` cells and its streams.
 
     A parked instance (``Runtime.park``) holds no graph and none of its documents in
-    memory; using it (``send``, ``stream``, ``streams``, a read of its cells, ``rt.run`` of
-    it) brings it back first, as the same object."""
+    memory; using it (``send``, ``stream``, ``streams``, a read of its result, ``rt.run``
+    of it) brings it back first, as the same object."""
 
     def __init__(self, rt: Runtime, pattern: Pattern, ident: tuple[Any, ...],
                  args: dict[str, Any], space: str, scope: Scope, cause: str) -> None:
@@ -372,7 +372,7 @@ class Runtime:
                     "it names (a write through one of its links lands on the cell)",
                 )
         except BaseException:
-            self._let_go(stored)  # it never ran: it holds nothing
+            self._release(stored)  # it never ran: it holds nothing
             if builder is not None:  # and nothing of what it made so far runs on
                 self._unbuild(builder, effects, inst)
             raise
@@ -406,12 +406,13 @@ class Runtime:
         for effect in effects:
             effect.dispose()
 
-    def _let_go(self, keys: Sequence[DocKey]) -> None:
+    def _release(self, keys: Sequence[DocKey]) -> None:
+        """An instance that declared ``keys`` no longer runs: each holds one fewer."""
         docs = self.docs._docs
         for key in keys:
             doc = docs.get(key)
             if doc is not None:
-                self.docs.let_go(doc)
+                self.docs.release(doc)
 
     def stop(self, instance: Instance) -> None:
         """Tear an instance down: cancel its async work, close its streams, drop its
@@ -434,7 +435,7 @@ class Runtime:
         assert builder is not None
         self._unbuild(builder, (), instance)
         self._running.remove(instance, builder.streams)
-        self._let_go(instance._stored)
+        self._release(instance._stored)
 
     # -- parking ---------------------------------------------------------------------
 
@@ -442,16 +443,17 @@ class Runtime:
         """Take an idle instance out of memory until it is used again; True if it is
         parked (or was already), False if it is busy now (try again later).
 
-        Busy is: async work of its own in flight (a dialog's turn), or events queued for
-        its streams. Parking stops it as ``stop`` does (its computations and teardown
-        hooks: a builtin keeps nothing in memory across parking that its documents do not
-        hold) and takes its stored documents in its own scope out of memory where nothing
-        else reads them; the store keeps them (``Runtime(store="memory")`` keeps them
-        packed). Using it again brings it back first, as the same ``Instance``: ``send``,
-        ``stream``, ``streams``, a read of any document in its scope (its cells, its
-        result), ``rt.run`` of it, a stream of it a model reaches through a link, a
-        ``Stream`` object of it held from before. Coming back runs its pattern again on
-        its stored state, as after a restart, in about the time of ``rt.run``.
+        Busy is: async work of its own in flight (a dialog's turn), events queued for its
+        streams, or a commit under way. Parking stops it as ``stop`` does (a builtin keeps
+        nothing in memory across parking that its documents do not hold) and takes its
+        stored documents in its own scope out of memory where nothing else holds them; the
+        store keeps them (``Runtime(store="memory")`` keeps them packed). Whatever needs it
+        running brings it back first, as the same ``Instance``: ``send``, ``stream``,
+        ``streams``, a read of its result or computations, a write to any of its
+        documents, ``rt.run`` of it, a stream of it reached through a link or held from
+        before, work spawned for it (the full list: docs/runtime.md). Coming back runs its
+        pattern again on its stored state, as after a restart, in about the time of
+        ``rt.run``.
 
         For a server holding many sessions, most of them idle: ``park_idle()``."""
         if instance.runtime is not self:
@@ -538,7 +540,6 @@ class Runtime:
         write's own says the rest)."""
         if self._wake(key) or not write or not self._running.any_parked or self.docs.closed:
             return
-        loaded = self.docs._docs
         for inst in self._running.parked_in(key.space, key.scope):
             if not inst.parked:
                 continue
@@ -547,7 +548,7 @@ class Runtime:
                     self._revive(inst)
             except Exception as e:
                 self.docs.report(e, f"bringing back {inst!r} for a write to /{key.id}")
-            doc = loaded.get(key)
+            doc = self.docs._docs.get(key)
             if doc is not None and doc.declared:  # its owner is back: the rest stay parked
                 return
 
