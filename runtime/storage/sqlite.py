@@ -11,9 +11,9 @@ the file, with the ``sqlite3`` error as ``__cause__``. The file's directory must
 
 Tables: ``docs`` holds each document's base value (JSON text) and the base's version;
 ``patches`` is an append-only log of the patches (``Write.patch``) committed since that
-base, one row per version; ``heads`` has the current version and the sizes of the log and
-the base of each document whose log is not empty. ``load()`` is the base with the log
-replayed in version order, read by one statement. A patch is appended, not merged, so
+base, one row per version, each above the base's: the newest is the document's version
+(the base's while the log is empty). ``load()`` is the base with the log replayed in
+version order, read by one statement. A patch is appended, not merged, so
 pushing one item to a 100,000-item list writes that item (and a small row), never the list.
 A patch that assigns the whole value (the empty path), or that would make the log larger
 than the base, is written as the whole value instead: the base is rewritten at the new
@@ -24,15 +24,17 @@ A commit: values are serialised, and patches checked against the value they appl
 before any statement is sent; that value comes from what the store keeps of documents it
 wrote (``CACHED_DOCS`` of them, each as of a version: a committed version never changes) or
 is read. Each write is conditional on the version it expects, checked by the write itself
-(``UPDATE docs ... WHERE version = ? AND NOT EXISTS`` a log, ``UPDATE heads ... WHERE
-version = ?``, ``INSERT ... ON CONFLICT DO NOTHING`` to create if absent); one that matches
-no row is a ``ConflictError`` naming the document. While no other store watches the file,
-the commit's first statement also requires that none does (the quiet path), so a commit
-needs no ``PRAGMA`` and no feed rows: a whole value of one document without a log is one
-statement, its own transaction; a patch is ``BEGIN IMMEDIATE``, the head moved, the patch
-appended, ``COMMIT``. A statement that matches no row there (a conflict, a watcher that
-has just arrived, a log this store did not know of) leaves nothing written, and the commit is
-made the locked way: ``BEGIN IMMEDIATE``, whether anyone watches (read again only when
+(``UPDATE docs ... WHERE version = ? AND`` no log, ``INSERT INTO patches ... WHERE`` the
+log's newest version is the one expected, ``INSERT ... ON CONFLICT DO NOTHING`` to create
+if absent); one that matches no row is a ``ConflictError`` naming the document. While no
+other store watches the file, the commit's first statement also requires that none does
+(the quiet path), so a commit needs no ``PRAGMA`` and no feed rows: a whole value of one
+document without a log is one statement, its own transaction, and so is a patch appended
+(one row of one table: one page for the journal). An append never reads the ``docs`` row:
+in a table WITHOUT ROWID even finding a row reads all of it, a large value's overflow pages
+too. A statement that matches no row there (a conflict, a watcher that has just arrived, a
+log this store did not know of) leaves nothing written, and the commit is made the locked
+way: ``BEGIN IMMEDIATE``, whether anyone watches (read again only when
 another connection has committed since: ``PRAGMA data_version``), the writes (trying the
 other form, with or without a log), the feed's rows, ``COMMIT``.
 
@@ -57,9 +59,14 @@ rows after the last one it saw only when another connection committed, skipping 
 store's in SQL; a gap (rows deleted before it read them) is a ``RECHECK``. So the
 processes of one host sharing a file see each other's commits within the interval.
 
-A file from before the log (only ``docs``), the leases or the feed opens as it is: the
-missing tables are created. The tables and what their rows mean are those the code before
-the quiet path wrote, so processes of both versions can share a file (an upgrade under way).
+A file from before the log (only ``docs``), the leases or the feed gets the missing tables
+when it opens. Files of the previous format had a table ``heads`` (each log's newest
+version and sizes), moved by every patch: a second table, so a second page written per
+patch. Opening one makes ``heads`` a view of the same rows, in one transaction under the
+write lock, so a process of the previous code sharing the file (an upgrade under way) still
+reads every document right, and still creates documents and writes whole values of
+documents without a log; a write of its that would move a head (a patch, or a whole value
+over a log) fails, since a view takes no writes, and nothing is written unseen.
 """
 
 from __future__ import annotations
@@ -114,19 +121,6 @@ CREATE TABLE IF NOT EXISTS docs (
     PRIMARY KEY (space, scope, id)
 ) WITHOUT ROWID
 """
-# one row per document with a non-empty log: its current version, the log's and the base's
-# size. Kept apart from ``docs`` because SQLite rewrites a whole row on update, value too.
-_HEADS = """
-CREATE TABLE IF NOT EXISTS heads (
-    space     TEXT NOT NULL,
-    scope     TEXT NOT NULL,
-    id        TEXT NOT NULL,
-    version   INTEGER NOT NULL,
-    log_size  INTEGER NOT NULL,
-    base_size INTEGER NOT NULL,
-    PRIMARY KEY (space, scope, id)
-) WITHOUT ROWID
-"""
 _PATCHES = """
 CREATE TABLE IF NOT EXISTS patches (
     space   TEXT NOT NULL,
@@ -161,8 +155,28 @@ CREATE TABLE IF NOT EXISTS watchers (
     expires REAL NOT NULL
 )
 """
-_TABLES = {"docs": _DOCS, "heads": _HEADS, "patches": _PATCHES, "leases": _LEASES,
-           "changes": _CHANGES, "watchers": _WATCHERS}
+_TABLES = {"docs": _DOCS, "patches": _PATCHES, "leases": _LEASES, "changes": _CHANGES,
+           "watchers": _WATCHERS}
+# The log of document ``d``: its patches newer than its base. Its newest version is the
+# document's (the base's without a log), so a patch appended touches one table.
+_LOG_OF = ("p.space={0}.space AND p.scope={0}.scope AND p.id={0}.id "
+           "AND p.version>{0}.version")
+# The newest patch of ``docs``'s row: the document's version if it has a log. One index
+# entry read (``max()`` would read them all), and the ``docs`` row is not read: in a table
+# WITHOUT ROWID even finding a row reads all of it, a large value's overflow pages too.
+_NEWEST = ("(SELECT p.version FROM patches p WHERE p.space=docs.space AND "
+           "p.scope=docs.scope AND p.id=docs.id ORDER BY p.version DESC LIMIT 1)")
+# ``heads`` was a table (the current version and sizes of each document with a log) that
+# every patch moved: a second table, so a second page, written per patch. Now a view of the
+# same rows for processes of the previous code sharing the file: their reads see the log
+# through it, and their writes of a head fail (a view takes no writes) instead of going
+# unseen. This code never reads it.
+_HEADS_VIEW = (
+    "CREATE VIEW IF NOT EXISTS heads AS SELECT d.space AS space, d.scope AS scope, "
+    "d.id AS id, max(p.version) AS version, sum(length(p.patch)) AS log_size, "
+    "length(d.value) AS base_size FROM docs d JOIN patches p ON " + _LOG_OF.format("d")
+    + " GROUP BY d.space, d.scope, d.id"
+)
 # create (row count 1), extend an unexpired lease (1), or leave an expired one (0): one
 # atomic statement, so two processes renewing and judging one lease never interleave
 _RENEW = (
@@ -170,24 +184,16 @@ _RENEW = (
     "SET expires=excluded.expires WHERE leases.expires > ?"
 )
 _KEY = "space=? AND scope=? AND id=?"
-# A document in one statement (so one snapshot, no transaction needed): the base row with
-# its head (NULLs without a log), then the log's patches in version order (each version is
-# above the base's). The base's text comes once, not once per patch.
+# A document in one statement (so one snapshot, no transaction needed): the base row, then
+# its log's patches in version order (each version is above the base's).
 _READ = (
-    "SELECT d.version, d.value, h.version, h.log_size, h.base_size FROM docs d "
-    "LEFT JOIN heads h ON h.space=d.space AND h.scope=d.scope AND h.id=d.id "
-    "WHERE d.space=?1 AND d.scope=?2 AND d.id=?3 "
+    "SELECT d.version, d.value FROM docs d WHERE d.space=?1 AND d.scope=?2 AND d.id=?3 "
     "UNION ALL "
-    "SELECT p.version, p.patch, NULL, NULL, NULL FROM patches p "
-    "JOIN docs d ON d.space=p.space AND d.scope=p.scope AND d.id=p.id "
-    "JOIN heads h ON h.space=p.space AND h.scope=p.scope AND h.id=p.id "
-    "WHERE p.space=?1 AND p.scope=?2 AND p.id=?3 AND p.version>d.version "
-    "AND p.version<=h.version ORDER BY 1"
+    "SELECT p.version, p.patch FROM patches p JOIN docs d ON " + _LOG_OF.format("d")
+    + " WHERE p.space=?1 AND p.scope=?2 AND p.id=?3 ORDER BY 1"
 )
-# the current version and whether there is a log; no row: no document
-_VERSION = ("SELECT coalesce(h.version, d.version), h.version IS NOT NULL FROM docs d "
-            "LEFT JOIN heads h ON h.space=d.space AND h.scope=d.scope AND h.id=d.id "
-            "WHERE d.space=? AND d.scope=? AND d.id=?")
+# the base's version and the log's newest (NULL: no log); no row: no document
+_VERSION = f"SELECT version, {_NEWEST} FROM docs WHERE {_KEY}"
 _WATCHED = "SELECT EXISTS (SELECT 1 FROM watchers WHERE origin != ? AND expires > ?)"
 # the quiet path's guard (``SQLiteStore._quiet``): no other store watches the file
 _UNWATCHED = " AND NOT EXISTS (SELECT 1 FROM watchers WHERE origin != ? AND expires > ?)"
@@ -204,19 +210,22 @@ def _both(sql: str) -> tuple[str, str]:
 _CREATE = _both("INSERT INTO docs (space, scope, id, version, value) SELECT ?, ?, ?, 1, ? "
                 "WHERE 1{} ON CONFLICT DO NOTHING")
 # a whole value as the new base, the document without a log:
-_PUT = _both(f"UPDATE docs SET version=?, value=? WHERE {_KEY} AND version=? AND NOT EXISTS "
-             "(SELECT 1 FROM heads h WHERE h.space=docs.space AND h.scope=docs.scope "
-             "AND h.id=docs.id){}")
-# ... with a log: its head goes (the check), then the log, then the base is rewritten:
-_DROP_HEAD = _both(f"DELETE FROM heads WHERE {_KEY} AND version=?{{}}")
+_PUT = _both(f"UPDATE docs SET version=?, value=? WHERE {_KEY} AND version=? AND "
+             f"{_NEWEST} IS NULL{{}}")
+# ... with a log: the base is rewritten if the log's head is the version expected (the
+# check), then the log goes:
+_REBASE = _both(f"UPDATE docs SET version=?, value=? WHERE {_KEY} AND {_NEWEST}=?{{}}")
 _DROP_LOG = f"DELETE FROM patches WHERE {_KEY}"
-_REBASE = f"UPDATE docs SET version=?, value=? WHERE {_KEY}"
-# a patch appended to the log, its head moved (or made, for the first since the base):
-_NEXT_HEAD = _both(f"UPDATE heads SET version=?, log_size=? WHERE {_KEY} AND version=?{{}}")
-_FIRST_HEAD = _both("INSERT INTO heads (space, scope, id, version, log_size, base_size) "
-                    f"SELECT space, scope, id, ?, ?, ? FROM docs WHERE {_KEY} AND version=?"
-                    "{} ON CONFLICT DO NOTHING")
-_LOG_ROW = "INSERT INTO patches (space, scope, id, version, patch) VALUES (?,?,?,?,?)"
+# a patch appended to the log, one statement: if its newest patch is the version expected
+# (the ``docs`` row is not read), or, the first since the base, if there is no log and the
+# base is at that version (the row read once per base, which cost as much to write)
+_ROW = ("INSERT INTO patches (space, scope, id, version, patch) SELECT ?1, ?2, ?3, ?4, ?5 "
+        "WHERE ")
+_THIS = "space=?1 AND scope=?2 AND id=?3"
+_NEXT_ROW = _both(f"{_ROW}(SELECT version FROM patches WHERE {_THIS} ORDER BY version DESC "
+                  "LIMIT 1)=?6{}")
+_FIRST_ROW = _both(f"{_ROW}NOT EXISTS (SELECT 1 FROM patches WHERE {_THIS}) AND "
+                   f"(SELECT version FROM docs WHERE {_THIS})=?6{{}}")
 _CHANGE = "INSERT INTO changes (origin, space, scope, id, version) VALUES (?,?,?,?,?)"
 _CHANGE_ROWS: dict[int, str] = {}  # the statement for n changes (n <= 1000), made once
 
@@ -513,24 +522,43 @@ class SQLiteStore:
                     pass
 
     def _migrate(self) -> None:
-        """Create the tables a file lacks (a new file: all; one from before the log:
-        ``heads`` and ``patches``). Checked first without the write lock."""
+        """Bring the file to this format: the tables it lacks (a new file: all; one from
+        before the log: ``patches`` too), and ``heads`` a view (a table in files of the
+        previous format: its rows are what the log says, so it is dropped). Checked first
+        without the write lock, then again under it (another process may have done it)."""
         db = self._open_db("open")
-        if not self._missing_tables(db):
+        if self._outdated(db) is None:
             return
         db.execute("BEGIN IMMEDIATE")
         try:
-            for name in self._missing_tables(db):
-                db.execute(_TABLES[name])
+            kinds = self._outdated(db) or {}
+            for name in _TABLES:
+                if name not in kinds:
+                    db.execute(_TABLES[name])
+            if kinds.get("heads") == "table":
+                # the previous format's log is the patches up to its head, above the base:
+                # none other exists (its writes kept them so), and none other may count
+                db.execute(
+                    "DELETE FROM patches WHERE NOT EXISTS (SELECT 1 FROM heads h JOIN docs d "
+                    "ON d.space=h.space AND d.scope=h.scope AND d.id=h.id WHERE "
+                    "h.space=patches.space AND h.scope=patches.scope AND h.id=patches.id "
+                    "AND patches.version>d.version AND patches.version<=h.version)")
+                db.execute("DROP TABLE heads")
+            db.execute(_HEADS_VIEW)
             db.execute("COMMIT")
         except BaseException:
             _rollback(db)
             raise
 
     @staticmethod
-    def _missing_tables(db: sqlite3.Connection) -> list[str]:
-        have = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        return [name for name in _TABLES if name not in have]
+    def _outdated(db: sqlite3.Connection) -> dict[str, str] | None:
+        """What the file has of this format's tables and of ``heads`` (name -> table or
+        view); None if it needs nothing."""
+        kinds = {name: kind for name, kind in db.execute(
+            "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')")}
+        if kinds.get("heads") == "view" and all(kinds.get(n) == "table" for n in _TABLES):
+            return None
+        return kinds
 
     # -- reading -----------------------------------------------------------------------
 
@@ -544,13 +572,14 @@ class SQLiteStore:
         rows = db.execute(_READ, key).fetchall()
         if not rows:
             return None
-        base_version, text, version, log_size, base_size = rows[0]
+        text = rows[0][1]
         value = self._decode(key, text)
-        if version is None:
-            return _Known(base_version, value, 0, len(text), False)
-        for row in rows[1:]:
-            value = apply_patch(key, value, self._decode(key, row[1]), copy_values=False)
-        return _Known(version, value, log_size, base_size, True)
+        log_size = 0
+        for _, patch in rows[1:]:
+            value = apply_patch(key, value, self._decode(key, patch), copy_values=False)
+            log_size += len(patch)
+        # the newest row's version is the document's (the base's while the log is empty)
+        return _Known(rows[-1][0], value, log_size, len(text), len(rows) > 1)
 
     def _decode(self, key: DocKey, text: str) -> Any:
         try:
@@ -564,7 +593,9 @@ class SQLiteStore:
     def _head(db: sqlite3.Connection, key: DocKey) -> tuple[int, bool]:
         """The current version (0: no document) and whether it has a log."""
         row = db.execute(_VERSION, key).fetchone()
-        return (row[0], bool(row[1])) if row else (0, False)
+        if row is None:
+            return 0, False
+        return (row[0], False) if row[1] is None else (row[1], True)
 
     # -- writing -----------------------------------------------------------------------
 
@@ -620,37 +651,12 @@ class SQLiteStore:
         else:
             step = (self._patched(db, key, expect, patch, known) if text is None
                     else _Step(key, expect, _BASE, text, value, 0, len(text), True))
-            if not (self._append(db, step, new) if step.kind is _APPEND
-                    else self._quiet(db, [step])):
+            if not self._quiet(db, [step]):
                 self._locked(db, [step])
             cache[key] = step.known(new)
         if len(cache) > CACHED_DOCS:
             cache.popitem(last=False)
         return {key: new}
-
-    def _append(self, db: sqlite3.Connection, step: _Step, new: int) -> bool:
-        """``_quiet`` for one patch appended: ``BEGIN IMMEDIATE``, the head moved (guarded),
-        the log row, ``COMMIT``; False, with nothing written, when the head's statement
-        matched no row."""
-        step.new = new
-        key = step.key
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            if step.had_log:
-                done = db.execute(_NEXT_HEAD[1], (new, step.log_size, *key, step.expect,
-                                                  self._origin, time.time()))
-            else:
-                done = db.execute(_FIRST_HEAD[1], (new, step.log_size, step.base_size, *key,
-                                                   step.expect, self._origin, time.time()))
-            if done.rowcount != 1:
-                _rollback(db)
-                return False
-            db.execute(_LOG_ROW, (*key, new, step.text))
-            db.execute("COMMIT")
-        except BaseException:
-            _rollback(db)
-            raise
-        return True
 
     def _plan(self, db: sqlite3.Connection, writes: Sequence[Write]
               ) -> tuple[list[_Step], bool]:
@@ -770,7 +776,8 @@ class SQLiteStore:
         of whether a log exists, which the locked path tells apart."""
         guard = (self._origin, time.time())
         first = plan[0]
-        if len(plan) == 1 and first.kind is _BASE and (first.expect == 0 or not first.had_log):
+        if len(plan) == 1 and (first.kind is _APPEND or first.expect == 0
+                               or not first.had_log):
             return self._send(db, first, guard)  # autocommit: one statement
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -820,16 +827,9 @@ class SQLiteStore:
         key, expect, q = step.key, step.expect, 1 if guard else 0
         assert expect is not None
         new = step.new = expect + 1
-        if step.kind is _APPEND:
-            if step.had_log:
-                done = db.execute(_NEXT_HEAD[q], (new, step.log_size, *key, expect, *guard))
-            else:
-                done = db.execute(_FIRST_HEAD[q], (new, step.log_size, step.base_size,
-                                                   *key, expect, *guard))
-            if done.rowcount != 1:
-                return False
-            db.execute(_LOG_ROW, (*key, new, step.text))
-            return True
+        if step.kind is _APPEND:  # the form known to apply: a log at ``expect`` or none
+            sql = (_NEXT_ROW if step.had_log else _FIRST_ROW)[q]
+            return db.execute(sql, (*key, new, step.text, expect, *guard)).rowcount == 1
         if expect == 0:
             return db.execute(_CREATE[q], (*key, step.text, *guard)).rowcount == 1
         forms = (step.had_log,) if guard else (step.had_log, not step.had_log)
@@ -837,9 +837,9 @@ class SQLiteStore:
             if not with_log:
                 if db.execute(_PUT[q], (new, step.text, *key, expect, *guard)).rowcount == 1:
                     return True
-            elif db.execute(_DROP_HEAD[q], (*key, expect, *guard)).rowcount == 1:
+            elif db.execute(_REBASE[q], (new, step.text, *key, expect, *guard)
+                            ).rowcount == 1:
                 db.execute(_DROP_LOG, key)
-                db.execute(_REBASE, (new, step.text, *key))
                 return True
         return False
 

@@ -5,7 +5,8 @@ connection runs), so a change that adds a statement to the common commits fails 
 the paths a commit takes when its guesses are wrong (someone watches, another store wrote,
 a log it did not know of), and files written by the code before these commits: a dump of
 one (always), and the previous code itself on the same file as this one (when git can show
-it), since processes of both versions may share a file during an upgrade.
+it): processes of both versions may share a file during an upgrade, so the previous code
+must read this format right and fail, never write unseen, where it cannot.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from runtime.storage import (
     ConflictError,
     DocKey,
     SQLiteStore,
+    StorageError,
     StoreBusyError,
     Stored,
     Write,
@@ -86,8 +88,9 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
 # ----------------------------------------------------------------- statements per commit
 
 ONE_UPDATE = ["UPDATE docs SET"]
-APPEND = ["BEGIN IMMEDIATE", "UPDATE heads SET", "INSERT INTO patches", "COMMIT"]
-FIRST_APPEND = ["BEGIN IMMEDIATE", "INSERT INTO heads", "INSERT INTO patches", "COMMIT"]
+APPEND = ["INSERT INTO patches"]
+READ = "SELECT d.version, d.value"  # a document read, in one statement
+REBASE = ["BEGIN IMMEDIATE", "UPDATE docs SET", "DELETE FROM patches", "COMMIT"]
 
 
 def test_a_whole_value_of_one_document_is_one_statement(store: SQLiteStore) -> None:
@@ -99,31 +102,61 @@ def test_a_whole_value_of_one_document_is_one_statement(store: SQLiteStore) -> N
     assert store.load(A) == Stored(2, 3)
 
 
-def test_a_patch_of_one_document_is_four_statements(store: SQLiteStore) -> None:
-    """The log's head moved (the version check) and the patch appended, in one
-    transaction; the first patch after a base makes the head instead."""
+def test_a_patch_of_one_document_is_one_statement(store: SQLiteStore,
+                                                  tmp_path: Path) -> None:
+    """The patch appended if the log's newest version is the one expected (the first
+    after a base: if there is no log and the base is at it), its own transaction: one row
+    of one table written."""
     store.commit([_whole(A, 0, {"items": ITEMS})])
-    assert _commit(store, _push(A, 1, 200, "x")) == FIRST_APPEND
+    assert _commit(store, _push(A, 1, 200, "x")) == APPEND
     assert _commit(store, _push(A, 2, 201, "y")) == APPEND
+    assert store.load(A) == Stored({"items": [*ITEMS, "x", "y"]}, 3)
+    assert _rows(tmp_path / "x.db", "SELECT version FROM docs") == [(1,)]
+    assert _rows(tmp_path / "x.db", "SELECT version, patch FROM patches") == [
+        (2, '[[["items",200],"x"]]'), (3, '[[["items",201],"y"]]')]
+
+
+def test_a_patch_appended_to_a_log_reads_nothing_of_the_docs_table(
+    store: SQLiteStore,
+) -> None:
+    """In a table WITHOUT ROWID even finding a row reads all of it, a large value's
+    overflow pages too: an append checks the log's newest version, never the base row
+    (SQLite's authorizer sees every column a statement reads when it is prepared)."""
+    store.commit([_whole(A, 0, {"items": ITEMS})])
+    store.commit([_push(A, 1, 200, "x")])  # the first since the base checks the base
+    db = store._db
+    assert db is not None
+    read: list[str | None] = []
+
+    def authorizer(action: int, table: str | None, *_: Any) -> int:
+        if action == sqlite3.SQLITE_READ:
+            read.append(table)
+        return sqlite3.SQLITE_OK
+
+    db.set_authorizer(authorizer)  # expires the prepared statements: prepared again
+    try:
+        assert _commit(store, _push(A, 2, 201, "y")) == APPEND
+    finally:
+        db.set_authorizer(None)
+    assert "patches" in read and "docs" not in read
     assert store.load(A) == Stored({"items": [*ITEMS, "x", "y"]}, 3)
 
 
 def test_a_patch_that_outgrows_the_log_rewrites_the_base(store: SQLiteStore) -> None:
     store.commit([_whole(A, 0, {"items": ITEMS})])
     version, sent = 1, []
-    while "DELETE FROM heads" not in sent:
+    while "DELETE FROM patches" not in sent:
         sent = _commit(store, _push(A, version, 199 + version, "z" * 40))
         version += 1
         assert version < 200, "never compacted"
-    assert sent == ["BEGIN IMMEDIATE", "DELETE FROM heads", "DELETE FROM patches",
-                    "UPDATE docs SET", "COMMIT"]
+    assert sent == REBASE
 
 
 def test_a_load_is_one_statement(store: SQLiteStore) -> None:
     store.commit([_whole(A, 0, {"items": ITEMS})])
     store.commit([_push(A, 1, 200, "x")])
     got: list[Any] = []
-    assert _sql(store, lambda: got.append(store.load(A))) == ["SELECT d.version, d.value,"]
+    assert _sql(store, lambda: got.append(store.load(A))) == [READ]
     assert got == [Stored({"items": [*ITEMS, "x"]}, 2)]
 
 
@@ -150,7 +183,7 @@ def test_a_patch_to_what_another_store_changed_reads_it_once(tmp_path: Path) -> 
         one.commit([_whole(A, 0, {"items": ITEMS})])
         two.commit([_push(A, 1, 200, "two")])
         sent = _commit(one, _push(A, 2, 201, "one"))
-        assert sent == ["SELECT d.version, d.value,", *APPEND]
+        assert sent == [READ, *APPEND]
         assert two.load(A) == Stored({"items": [*ITEMS, "two", "one"]}, 3)
     finally:
         one.close()
@@ -194,16 +227,15 @@ async def test_while_another_store_watches_a_commit_writes_its_feed_row(
 def test_a_whole_value_over_a_known_log_drops_it_in_one_transaction(
     store: SQLiteStore,
 ) -> None:
-    """A one-write commit whose document has a log (known to the store): the head, the
-    log and the base in one transaction, whether the value comes as a value or a patch;
-    then the next whole value is one statement again."""
-    rebase = ["BEGIN IMMEDIATE", "DELETE FROM heads", "DELETE FROM patches",
-              "UPDATE docs SET", "COMMIT"]
+    """A one-write commit whose document has a log (known to the store): the base
+    (checked against the log's newest version) and the log in one transaction, whether
+    the value comes as a value or a patch; then the next whole value is one statement
+    again."""
     store.commit([_whole(A, 0, {"items": ITEMS})])
     store.commit([_push(A, 1, 200, "x")])
-    assert _commit(store, Write(A, {"items": ITEMS}, 2)) == rebase
+    assert _commit(store, Write(A, {"items": ITEMS}, 2)) == REBASE
     store.commit([_push(A, 3, 200, "y")])
-    assert _commit(store, _whole(A, 4, {"items": []})) == rebase
+    assert _commit(store, _whole(A, 4, {"items": []})) == REBASE
     assert _commit(store, _whole(A, 5, {"items": ["z"]})) == ONE_UPDATE
     assert store.load(A) == Stored({"items": ["z"]}, 6)
 
@@ -216,7 +248,7 @@ def test_a_whole_value_is_copied_and_kept_so_the_next_patch_reads_nothing(
     mine: dict[str, Any] = {"items": list(ITEMS)}
     store.commit([_whole(A, 0, mine)])
     mine["items"].clear()  # the caller's own copy: the store's is unchanged
-    assert _commit(store, _push(A, 1, 200, "b")) == FIRST_APPEND
+    assert _commit(store, _push(A, 1, 200, "b")) == APPEND
     assert store.load(A) == Stored({"items": [*ITEMS, "b"]}, 2)
 
 
@@ -235,9 +267,9 @@ def test_the_documents_the_store_keeps_are_bounded_oldest_out(store: SQLiteStore
     keys = [DocKey("s", "", f"d{i}") for i in range(CACHED_DOCS + 3)]
     for key in keys:
         store.commit([_whole(key, 0, {"items": ITEMS})])
-    assert _commit(store, _push(keys[3], 1, 200, "x")) == FIRST_APPEND
-    assert _commit(store, _push(keys[2], 1, 200, "x")) == ["SELECT d.version, d.value,",
-                                                             *FIRST_APPEND]
+    assert _commit(store, _push(keys[3], 1, 200, "x")) == APPEND
+    assert _commit(store, _push(keys[2], 1, 200, "x")) == [READ,
+                                                             *APPEND]
     assert store.load(keys[2]) == Stored({"items": [*ITEMS, "x"]}, 2)
 
 
@@ -253,7 +285,6 @@ def test_a_patch_of_the_whole_value_is_a_new_base_not_a_log_entry(store: SQLiteS
     store.commit([_whole(A, 2, {"items": []})])
     assert _rows(tmp_path / "x.db", "SELECT version, value FROM docs") == [
         (3, '{"items":[]}')]
-    assert _rows(tmp_path / "x.db", "SELECT count(*) FROM heads") == [(0,)]
     assert _rows(tmp_path / "x.db", "SELECT count(*) FROM patches") == [(0,)]
     # the empty path later in a patch too: the steps before it apply, the rest build on it
     store.commit([Write(A, None, 3, ((("items", 0), "a"), ((), {"n": []}), (("n", 0), 1)))])
@@ -313,7 +344,7 @@ def test_a_store_that_does_not_know_of_a_log_finds_it(tmp_path: Path) -> None:
     two = SQLiteStore(path)
     try:
         sent = _commit(two, _whole(A, 2, "whole"))
-        assert sent[0] == "UPDATE docs SET" and "DELETE FROM heads" in sent
+        assert sent[0] == "UPDATE docs SET" and "DELETE FROM patches" in sent
         assert two.load(A) == Stored("whole", 3)
         assert _rows(path, "SELECT count(*) FROM patches") == [(0,)]
     finally:
@@ -391,7 +422,7 @@ def test_a_file_of_the_previous_format_opens_reads_and_takes_writes(tmp_path: Pa
         assert left is not None and left > 0
         # the old log's head moves on (read once, then known; the watcher has expired,
         # so the commit is a quiet one); a whole value replaces a base; conflicts still
-        assert _commit(s, _push(LOG, 4, 23, "new 3")) == ["SELECT d.version, d.value,", *APPEND]
+        assert _commit(s, _push(LOG, 4, 23, "new 3")) == [READ, *APPEND]
         assert s.commit([_whole(WHOLE, 2, ["c"])]) == {WHOLE: 3}
         assert s.commit([Write(SMALL, None, 4, ((("m",), 1),))]) == {SMALL: 5}
         with pytest.raises(ConflictError, match="version 5"):
@@ -410,6 +441,32 @@ def test_a_file_of_the_previous_format_opens_reads_and_takes_writes(tmp_path: Pa
         assert _rows(path, "SELECT value FROM docs WHERE id = 'small'") == [('{"n":3,"m":1}',)]
     finally:
         s.close()
+
+
+def test_opening_a_file_of_the_previous_format_keeps_only_its_logs(tmp_path: Path) -> None:
+    """The previous format's log was the patches above the base up to the head: rows
+    outside that (none of its writes left any) are dropped, not replayed, when ``heads``
+    becomes a view; a second store opening the file then finds nothing to do."""
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(OLD_DUMP)
+    db.execute("""INSERT INTO patches VALUES ('app', '', 'log', 9, '[[["items",0],"x"]]')""")
+    db.execute("""INSERT INTO patches VALUES ('app', '', 'log', 1, '[[["items",0],"x"]]')""")
+    db.execute("""INSERT INTO patches VALUES ('app', 'user:ann', 'whole', 3, '[[[0],"x"]]')""")
+    db.commit()
+    db.close()
+    one, two = SQLiteStore(path), SQLiteStore(path)
+    try:
+        for s in (one, two):
+            assert s.load(LOG) == Stored(LOG_VALUE, 4)
+            assert s.load(WHOLE) == Stored(["a", "b"], 2)
+        assert _rows(path, "SELECT type FROM sqlite_master WHERE name = 'heads'") == [("view",)]
+        assert _rows(path, "SELECT version FROM patches ORDER BY version") == [(2,), (3,), (4,)]
+        assert _commit(one, _push(LOG, 4, 23, "new 3")) == [READ, *APPEND]
+        assert two.load(LOG) == Stored({"items": [*LOG_VALUE["items"], "new 3"]}, 5)
+    finally:
+        one.close()
+        two.close()
 
 
 # -------------------------------------------------- the previous code on the same file
@@ -442,45 +499,55 @@ def previous(tmp_path: Path) -> ModuleType:
     return module
 
 
-def test_the_previous_code_and_this_one_share_a_file(previous: ModuleType,
-                                                     tmp_path: Path) -> None:
-    """Processes of both versions on one file (an upgrade under way): each reads what the
-    other wrote, logs and bases alike, and neither overwrites the other unseen."""
+def test_the_previous_code_reads_this_format_and_cannot_move_a_log_unseen(
+    previous: ModuleType, tmp_path: Path,
+) -> None:
+    """A process of the previous code on a file of this format (an upgrade under way)
+    reads what this code wrote, logs and bases alike, through the ``heads`` view. It
+    creates documents and writes whole values of documents without a log as before. A
+    write that would move a log's head (a patch, or a whole value over a log) fails
+    loudly, since a view takes no writes, and changes nothing."""
     path = tmp_path / "mixed.db"
-    old, new = previous.SQLiteStore(path), SQLiteStore(path)
+    new = SQLiteStore(path)  # the file in this format first
+    old = previous.SQLiteStore(path)
     try:
-        old.commit([Write(A, {"items": ITEMS}, 0)])
-        model = {"items": list(ITEMS)}
+        new.commit([_whole(A, 0, {"items": ITEMS})])
+        model: dict[str, Any] = {"items": list(ITEMS)}
         version = 1
-        for i in range(40):  # alternate writers; patches, then whole values now and then
-            writer = (old, new)[i % 2]
+        for i in range(25):  # patches, and whole values now and then
             if i % 10 == 9:
                 model = {"items": [f"restart {i}"]}
-                writer.commit([_whole(A, version, model)])
+                new.commit([_whole(A, version, model)])
                 model = json.loads(json.dumps(model))
             else:
-                n = len(model["items"])
-                writer.commit([_push(A, version, n, f"push {i}")])
+                new.commit([_push(A, version, len(model["items"]), f"push {i}")])
                 model["items"].append(f"push {i}")
             version += 1
             for reader in (old, new):
                 assert reader.load(A) == Stored(model, version), (i, reader)
-        for stale, fresh in ((old, new), (new, old)):
-            fresh.commit([_push(A, version, len(model["items"]), "fresh")])
-            model["items"].append("fresh")
-            version += 1
-            with pytest.raises(ConflictError):
-                stale.commit([_push(A, version - 1, len(model["items"]), "lost")])
-            with pytest.raises(ConflictError):
-                stale.commit([_whole(A, version - 1, "lost")])
-        third = SQLiteStore(path)
-        try:
-            assert third.load(A) == Stored(model, version)
-        finally:
-            third.close()
+        assert old.versions([A]) == {A: version}
+        old.commit([Write(B, "b", 0)])
+        old.commit([Write(B, {"items": ITEMS}, 1)])  # no log: the previous code's way
+        assert new.load(B) == Stored({"items": ITEMS}, 2)
+        with pytest.raises(StorageError, match="heads because it is a view"):
+            old.commit([_push(A, version, len(model["items"]), "lost")])
+        with pytest.raises(StorageError, match="heads because it is a view"):
+            old.commit([_push(B, 2, 200, "lost")])  # B has no log: it would make a head
+        with pytest.raises(StorageError, match="heads because it is a view"):
+            old.commit([Write(A, "lost", version)])  # a whole value over A's log
+        assert new.load(A) == Stored(model, version)
+        assert new.load(B) == Stored({"items": ITEMS}, 2)
+        new.commit([_push(A, version, len(model["items"]), "after")])
+        model["items"].append("after")
+        assert old.load(A) == Stored(model, version + 1)
     finally:
         old.close()
         new.close()
+    later = previous.SQLiteStore(path)  # the previous code opening the file afresh
+    try:
+        assert later.load(A) == Stored(model, version + 1)
+    finally:
+        later.close()
 
 
 @pytest.mark.anyio
