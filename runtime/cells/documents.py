@@ -908,7 +908,8 @@ class Transaction:
             for k, pending, _ in written
             for (path, v), b in zip(pending.ops, pending.befores, strict=True)
         ] if docs.listeners else []
-        writes = [Write(k, None, p.base, tuple(p.ops)) for k, p, _ in written]
+        # checked: every path was checked against this transaction's view when written
+        writes = [Write(k, None, p.base, tuple(p.ops), True) for k, p, _ in written]
         # 2. the store: all or nothing
         try:
             versions = docs.store.commit(writes)

@@ -111,12 +111,19 @@ class Write:
     document. A patch needs ``expect`` (it applies to a known version) and ``value`` is then
     ignored (pass ``None``). Stores never keep a reference to a value handed to them, nor
     hand out one they keep: the runtime changes its own copy in place after a commit.
+
+    ``checked``: the caller has applied ``patch`` to its own copy of version ``expect``
+    (every path exists there), as the runtime does with each write it commits. A store
+    may then skip checking the paths again, and need not keep a value of its own to check
+    them against. A checked patch whose paths do not exist is the caller's bug: the store
+    may persist it. Unchecked patches (the default) are always checked.
     """
 
     key: DocKey
     value: Any
     expect: int | None = None
     patch: tuple[tuple[Path, Any], ...] | None = None
+    checked: bool = False
 
     def __post_init__(self) -> None:
         if self.patch is not None and self.expect is None:

@@ -635,6 +635,10 @@ class SQLiteStore:
         new = expect + 1
         if patch is None:
             value, text = _UNKNOWN, _dumps(key, w.value)
+        elif w.checked:  # no value of ours needed to check it against: none kept
+            value = _sole(patch)
+            text = None if value is MISSING else _dumps(key, value)
+            value = _UNKNOWN
         else:
             value = _sole_value(patch)
             text = None if value is MISSING else _dumps(key, value)
@@ -649,14 +653,33 @@ class SQLiteStore:
                 self._locked(db, [step])
             cache[key] = _known((new, value, 0, len(text), False))  # the newest entry
         else:
-            step = (self._patched(db, key, expect, patch, known) if text is None
-                    else _Step(key, expect, _BASE, text, value, 0, len(text), True))
+            step = None
+            if text is not None:
+                step = _Step(key, expect, _BASE, text, value, 0, len(text), True)
+            elif w.checked and known is not None:
+                step = self._appended(key, expect, patch, known)
+            if step is None:
+                step = self._patched(db, key, expect, patch, known)
             if not self._quiet(db, [step]):
                 self._locked(db, [step])
             cache[key] = step.known(new)
         if len(cache) > CACHED_DOCS:
             cache.popitem(last=False)
         return {key: new}
+
+    def _appended(self, key: DocKey, expect: int, patch: Any, known: _Known) -> _Step | None:
+        """A checked patch (``Write.checked``) as a log entry, not applied to anything: no
+        value is kept for it. None where it is not one: a step assigns the whole value,
+        or the log would outgrow its base (``_patched`` then makes the new base)."""
+        for path, _ in patch:
+            if not path:
+                return None
+        text = self._patch_text(key, patch)
+        log_size = known.log_size + len(text)
+        if log_size > known.base_size:
+            return None
+        return _Step(key, expect, _APPEND, text, _UNKNOWN, log_size, known.base_size,
+                     known.has_log)
 
     def _plan(self, db: sqlite3.Connection, writes: Sequence[Write]
               ) -> tuple[list[_Step], bool]:
@@ -919,14 +942,20 @@ class _Step:
                        self.kind is _APPEND))
 
 
-def _sole_value(patch: Any) -> Any:
-    """The new value of a patch that only assigns the empty path (``cell.set``), as
-    ``apply_patch`` would make it (a copy), without its general checks; else ``MISSING``."""
+def _sole(patch: Any) -> Any:
+    """The new value of a patch that only assigns the empty path (``cell.set``), the
+    caller's own object; else ``MISSING``."""
     first = patch[0] if type(patch) is tuple and len(patch) == 1 else None
     if type(first) is tuple and len(first) == 2 and type(first[0]) is tuple and not first[0]:
-        value = first[1]
-        return value if type(value) in _IMMUTABLE else copy_value(value)
+        return first[1]
     return MISSING
+
+
+def _sole_value(patch: Any) -> Any:
+    """``_sole``'s value as ``apply_patch`` would make it (a copy), without its general
+    checks; else ``MISSING``."""
+    value = _sole(patch)
+    return value if value is MISSING or type(value) in _IMMUTABLE else copy_value(value)
 
 
 _IMMUTABLE = (int, str, float, bool, type(None))  # JSON values copy_value returns as they are

@@ -34,7 +34,7 @@ from runtime.storage import (
     Stored,
     Write,
 )
-from runtime.storage.sqlite import CACHED_DOCS
+from runtime.storage.sqlite import _UNKNOWN, CACHED_DOCS
 
 A = DocKey("s", "", "a")
 B = DocKey("s", "user:u", "b")
@@ -271,6 +271,42 @@ def test_the_documents_the_store_keeps_are_bounded_oldest_out(store: SQLiteStore
     assert _commit(store, _push(keys[2], 1, 200, "x")) == [READ,
                                                              *APPEND]
     assert store.load(keys[2]) == Stored({"items": [*ITEMS, "x"]}, 2)
+
+
+def test_checked_writes_keep_no_value_and_read_only_to_make_a_new_base(
+    store: SQLiteStore,
+) -> None:
+    """``Write.checked`` (the runtime's commits): a whole value or a patch is written
+    without a copy kept to check later patches against, so the document is held once, by
+    the caller; the log's sizes are kept. When the log would outgrow its base, the base is
+    read once (one statement) to make the new one."""
+    mine: dict[str, Any] = {"items": list(ITEMS)}
+    assert _commit(store, Write(A, None, 0, (((), mine),), True)) == ["INSERT INTO docs"]
+    mine["items"].clear()  # the caller's own value, changed after the commit
+    assert store._cache[A].value is _UNKNOWN
+    version, sent = 1, []
+    while "DELETE FROM patches" not in sent:
+        patch = ((("items", 199 + version), "z" * 40),)
+        sent = _commit(store, Write(A, None, version, patch, True))
+        if "DELETE FROM patches" not in sent:
+            assert sent == APPEND, version
+            assert store._cache[A].value is _UNKNOWN
+        version += 1
+        assert version < 200, "never compacted"
+    assert sent == [READ, *REBASE]
+    want = {"items": [*ITEMS, *["z" * 40] * (version - 1)]}
+    assert store.load(A) == Stored(want, version)
+    assert _commit(store, Write(A, None, version, ((("items", 0), "a"),), True)) == APPEND
+
+
+def test_an_unchecked_patch_is_checked_even_after_checked_ones(store: SQLiteStore) -> None:
+    store.commit([Write(A, None, 0, (((), {"items": ITEMS}),), True)])
+    store.commit([Write(A, None, 1, ((("items", 200), "x"),), True)])
+    with pytest.raises(StorageError, match="does not exist"):
+        store.commit([_push(A, 2, 500, "far")])
+    with pytest.raises(StorageError, match="does not exist"):
+        store.commit([Write(A, None, 2, ((("nothing", 0), "x"),))])
+    assert store.load(A) == Stored({"items": [*ITEMS, "x"]}, 2)
 
 
 # ------------------------------------------------------------ whole values, wrong guesses
