@@ -623,8 +623,8 @@ class SQLiteStore:
         """The usual commit, one conditional write while no other store watches: what
         ``_commit`` does for it, without the bookkeeping of several writes. A whole value
         (``Write.value``, or a patch that only assigns the empty path: ``cell.set``) of a
-        document without a log is its one guarded statement, with no step object; a patch
-        appended is the quiet path's transaction, sent here."""
+        document without a log is its one guarded statement, with no step object, and so is
+        a checked patch (``Write.checked``) appended to a log of known size."""
         db = self._db
         key, expect, patch = w.key, w.expect, w.patch
         assert db is not None and expect is not None  # _run and commit checked
@@ -633,6 +633,20 @@ class SQLiteStore:
         if known is not None and known.version != expect:
             known = None  # another version (a stale entry): no use to this write
         new = expect + 1
+        if w.checked and known is not None and patch is not None:
+            # the commit a handler's push makes: a checked patch to a log of known size
+            text = self._append_text(key, patch, known)
+            if text is not None:
+                log_size, base_size = known.log_size + len(text), known.base_size
+                sql = _NEXT_ROW[1] if known.has_log else _FIRST_ROW[1]
+                done = db.execute(sql, (*key, new, text, expect, self._origin, time.time()))
+                if done.rowcount != 1:  # a conflict or a watcher
+                    self._locked(db, [_Step(key, expect, _APPEND, text, _UNKNOWN, log_size,
+                                            base_size, known.has_log)])
+                cache[key] = _known((new, _UNKNOWN, log_size, base_size, True))
+                if len(cache) > CACHED_DOCS:
+                    cache.popitem(last=False)
+                return {key: new}
         if patch is None:
             value, text = _UNKNOWN, _dumps(key, w.value)
         elif w.checked:  # no value of ours needed to check it against: none kept
@@ -653,13 +667,8 @@ class SQLiteStore:
                 self._locked(db, [step])
             cache[key] = _known((new, value, 0, len(text), False))  # the newest entry
         else:
-            step = None
-            if text is not None:
-                step = _Step(key, expect, _BASE, text, value, 0, len(text), True)
-            elif w.checked and known is not None:
-                step = self._appended(key, expect, patch, known)
-            if step is None:
-                step = self._patched(db, key, expect, patch, known)
+            step = (self._patched(db, key, expect, patch, known) if text is None
+                    else _Step(key, expect, _BASE, text, value, 0, len(text), True))
             if not self._quiet(db, [step]):
                 self._locked(db, [step])
             cache[key] = step.known(new)
@@ -667,19 +676,16 @@ class SQLiteStore:
             cache.popitem(last=False)
         return {key: new}
 
-    def _appended(self, key: DocKey, expect: int, patch: Any, known: _Known) -> _Step | None:
-        """A checked patch (``Write.checked``) as a log entry, not applied to anything: no
-        value is kept for it. None where it is not one: a step assigns the whole value,
-        or the log would outgrow its base (``_patched`` then makes the new base)."""
+    def _append_text(self, key: DocKey, patch: Any, known: _Known) -> str | None:
+        """A checked patch (``Write.checked``) as the text of a log entry, appended without
+        being applied to anything (no value is kept for it); None where it is not one: a
+        step assigns the whole value, or the log would outgrow its base (``_patched`` then
+        makes the new base)."""
         for path, _ in patch:
             if not path:
                 return None
         text = self._patch_text(key, patch)
-        log_size = known.log_size + len(text)
-        if log_size > known.base_size:
-            return None
-        return _Step(key, expect, _APPEND, text, _UNKNOWN, log_size, known.base_size,
-                     known.has_log)
+        return text if known.log_size + len(text) <= known.base_size else None
 
     def _plan(self, db: sqlite3.Connection, writes: Sequence[Write]
               ) -> tuple[list[_Step], bool]:
