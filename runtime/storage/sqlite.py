@@ -105,6 +105,10 @@ log = logging.getLogger("celldialog.sqlite")
 DEFAULT_BUSY_TIMEOUT = 5.0
 DEFAULT_FEED_INTERVAL = 0.05
 CACHED_DOCS = 256  # documents whose current value is kept to check patches against
+# a document whose base is larger (characters of JSON) keeps no value of the store's own
+# for checked writes (``Write.checked``): held once, by the caller; a smaller one keeps a
+# copy, so a log that outgrows its base (soon, for a small one) is rebased without a read
+KEEP_VALUE_UPTO = 16_384
 CHANGES_KEPT = 10_000  # rows of the change feed kept for readers that fall behind
 PRUNE_EVERY = 500  # rows of the change feed between deletions of old ones
 WATCH_TTL = 60.0  # seconds a watcher's row lasts unless renewed (every third of it)
@@ -633,8 +637,9 @@ class SQLiteStore:
         if known is not None and known.version != expect:
             known = None  # another version (a stale entry): no use to this write
         new = expect + 1
-        if w.checked and known is not None and patch is not None:
-            # the commit a handler's push makes: a checked patch to a log of known size
+        if w.checked and known is not None and known.value is _UNKNOWN and patch is not None:
+            # the commit a handler's push to a large document makes: a checked patch to a log
+            # of known size, with no value of ours to apply it to
             text = self._append_text(key, patch, known)
             if text is not None:
                 log_size, base_size = known.log_size + len(text), known.base_size
@@ -649,10 +654,12 @@ class SQLiteStore:
                 return {key: new}
         if patch is None:
             value, text = _UNKNOWN, _dumps(key, w.value)
-        elif w.checked:  # no value of ours needed to check it against: none kept
+        elif w.checked:  # no value of ours needed to check it against: kept if small
             value = _sole(patch)
             text = None if value is MISSING else _dumps(key, value)
-            value = _UNKNOWN
+            if text is not None:
+                value = (value if type(value) in _IMMUTABLE else _UNKNOWN
+                         if len(text) > KEEP_VALUE_UPTO else copy_value(value))
         else:
             value = _sole_value(patch)
             text = None if value is MISSING else _dumps(key, value)
@@ -671,6 +678,8 @@ class SQLiteStore:
                     else _Step(key, expect, _BASE, text, value, 0, len(text), True))
             if not self._quiet(db, [step]):
                 self._locked(db, [step])
+            if w.checked and step.base_size > KEEP_VALUE_UPTO:
+                step.value = _UNKNOWN  # a large base: held once, by the caller
             cache[key] = step.known(new)
         if len(cache) > CACHED_DOCS:
             cache.popitem(last=False)

@@ -34,7 +34,7 @@ from runtime.storage import (
     Stored,
     Write,
 )
-from runtime.storage.sqlite import _UNKNOWN, CACHED_DOCS
+from runtime.storage.sqlite import _UNKNOWN, CACHED_DOCS, KEEP_VALUE_UPTO
 
 A = DocKey("s", "", "a")
 B = DocKey("s", "user:u", "b")
@@ -273,20 +273,24 @@ def test_the_documents_the_store_keeps_are_bounded_oldest_out(store: SQLiteStore
     assert store.load(keys[2]) == Stored({"items": [*ITEMS, "x"]}, 2)
 
 
-def test_checked_writes_keep_no_value_and_read_only_to_make_a_new_base(
+BIG = [f"item {i:05}" for i in range(KEEP_VALUE_UPTO // 10)]  # its JSON: > KEEP_VALUE_UPTO
+
+
+def test_checked_writes_to_a_large_document_keep_no_value_and_read_to_rebase(
     store: SQLiteStore,
 ) -> None:
-    """``Write.checked`` (the runtime's commits): a whole value or a patch is written
-    without a copy kept to check later patches against, so the document is held once, by
-    the caller; the log's sizes are kept. When the log would outgrow its base, the base is
-    read once (one statement) to make the new one."""
-    mine: dict[str, Any] = {"items": list(ITEMS)}
+    """``Write.checked`` (the runtime's commits) to a document larger than
+    ``KEEP_VALUE_UPTO``: a whole value or a patch is written without a copy kept to check
+    later patches against, so the document is held once, by the caller; the log's sizes
+    are kept. When the log would outgrow its base, the base is read once (one statement)
+    to make the new one."""
+    mine: dict[str, Any] = {"items": list(BIG)}
     assert _commit(store, Write(A, None, 0, (((), mine),), True)) == ["INSERT INTO docs"]
     mine["items"].clear()  # the caller's own value, changed after the commit
     assert store._cache[A].value is _UNKNOWN
-    version, sent = 1, []
+    n, version, sent = len(BIG), 1, []
     while "DELETE FROM patches" not in sent:
-        patch = ((("items", 199 + version), "z" * 40),)
+        patch = ((("items", n + version - 1), "z" * 400),)
         sent = _commit(store, Write(A, None, version, patch, True))
         if "DELETE FROM patches" not in sent:
             assert sent == APPEND, version
@@ -294,9 +298,28 @@ def test_checked_writes_keep_no_value_and_read_only_to_make_a_new_base(
         version += 1
         assert version < 200, "never compacted"
     assert sent == [READ, *REBASE]
-    want = {"items": [*ITEMS, *["z" * 40] * (version - 1)]}
+    assert store._cache[A].value is _UNKNOWN
+    want = {"items": [*BIG, *["z" * 400] * (version - 1)]}
     assert store.load(A) == Stored(want, version)
     assert _commit(store, Write(A, None, version, ((("items", 0), "a"),), True)) == APPEND
+
+
+def test_checked_writes_to_a_small_document_keep_a_copy_and_rebase_unread(
+    store: SQLiteStore,
+) -> None:
+    """A small document's log outgrows its base soon: its value is kept (a copy), so the
+    new base is made without a read."""
+    mine: dict[str, Any] = {"n": [1, 2]}
+    store.commit([Write(A, None, 0, (((), mine),), True)])
+    mine["n"].clear()
+    version, sent = 1, []
+    while "DELETE FROM patches" not in sent:
+        sent = _commit(store, Write(A, None, version, ((("n", 1 + version), version),), True))
+        assert READ not in sent
+        version += 1
+        assert version < 50, "never compacted"
+    assert sent == REBASE
+    assert store.load(A) == Stored({"n": [1, 2, *range(1, version)]}, version)
 
 
 def test_an_unchecked_patch_is_checked_even_after_checked_ones(store: SQLiteStore) -> None:
