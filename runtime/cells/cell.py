@@ -219,6 +219,11 @@ class Cell:
                     f"push() needs a list at {self!r}, found {type(current).__name__}"
                 )
             n = len(current)
+            if len(items) == 1:  # the usual push
+                at = (*path, n)
+                tx.write(key, at, self._accept(items[0], lambda: f"item pushed to {self!r}",
+                                               key, at))
+                return
             accepted = [self._accept(item, lambda: f"item pushed to {self!r}", key,
                                      (*path, n + i)) for i, item in enumerate(items)]
             for offset, item in enumerate(accepted):
@@ -251,6 +256,9 @@ class Cell:
 
     def _accept(self, value: Any, where: Callable[[], str], key: DocKey, path: Path) -> Any:
         """``value`` as plain JSON to write at ``path`` of ``key`` (see ``accept_json``)."""
+        plain = copy_plain(value, len(path))  # the common case, before any lookup
+        if plain is not MISSING:
+            return plain
         return accept_json(self._docs, value, where, key, path, self._docs.doc(key).schema)
 
     def refresh(self) -> None:

@@ -864,8 +864,10 @@ class Transaction:
 
     def _apply(self) -> list[Change]:
         docs = self.docs
-        docs.check_open("committing")
-        docs.flush_declared()  # declared in the same block: stored before what builds on it
+        if docs.closed:
+            docs.check_open("committing")  # raises
+        if docs._batch:  # declared in the same block: stored before what builds on it
+            docs.flush_declared()
         written: list[tuple[DocKey, _Pending, Doc]] = []
         for k, p in self.pending.items():
             doc = docs.doc(k)
@@ -922,7 +924,8 @@ class Transaction:
         # listeners hear of commits in the order they were stored, also when a sink writes
         # (a commit inside this one's flush): this one is queued first, all are told after.
         self.pending = {}
-        docs.notify_queue.append(records)
+        if docs.listeners:  # nobody listens: nothing to tell, in any order
+            docs.notify_queue.append(records)
         docs.applying += 1
         try:
             with signals.batch():
@@ -943,7 +946,7 @@ class Transaction:
             docs.report(e, f"effects after a commit to {written[0][2].describe()}")
         finally:
             docs.applying -= 1
-        if not docs.applying:
+        if not docs.applying and docs.notify_queue:
             docs.notify()
         return records
 

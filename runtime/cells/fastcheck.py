@@ -65,6 +65,38 @@ def compile_check(schema: Any, root: Any = None) -> Check | None:
         return None
 
 
+def _every(checks: list[Check]) -> Check:
+    """All of ``checks`` (a loop, not ``all()`` over a generator: every check of every write
+    passes here)."""
+    if len(checks) == 1:
+        return checks[0]
+    if len(checks) == 2:
+        a, b = checks
+        return lambda v: a(v) and b(v)
+
+    def check(v: Any) -> bool:
+        for c in checks:
+            if not c(v):
+                return False
+        return True
+
+    return check
+
+
+def _some(checks: list[Check]) -> Check:
+    """Any of ``checks``."""
+    if len(checks) == 1:
+        return checks[0]
+
+    def check(v: Any) -> bool:
+        for c in checks:
+            if c(v):
+                return True
+        return False
+
+    return check
+
+
 class _Compiler:
     def __init__(self, root: Any) -> None:
         self.root = root
@@ -90,18 +122,14 @@ class _Compiler:
         checks = [c for c in checks if c is not _always]
         if not checks:
             return _always
-        if len(checks) == 1:
-            return checks[0]
-        return lambda v: all(c(v) for c in checks)
+        return _every(checks)
 
     # -- keywords: each returns a check of the value for that keyword alone ------------
 
     def k_type(self, arg: Any, _: dict[str, Any], __: int) -> Check:
         names = [arg] if isinstance(arg, str) else list(arg)
         tests = [_TYPES[n] for n in names]
-        if len(tests) == 1:
-            return tests[0]
-        return lambda v: any(t(v) for t in tests)
+        return _some(tests)
 
     def k_properties(self, arg: dict[str, Any], _: dict[str, Any], depth: int) -> Check:
         props = [(k, self.compile(s, depth + 1)) for k, s in arg.items()]
@@ -118,8 +146,11 @@ class _Compiler:
         return check
 
     def k_required(self, arg: list[str], _: dict[str, Any], __: int) -> Check:
-        names = list(arg)
-        return lambda v: type(v) is not dict or all(n in v for n in names)
+        names = frozenset(arg)
+        if len(names) == 1:
+            (name,) = names
+            return lambda v: type(v) is not dict or name in v
+        return lambda v: type(v) is not dict or v.keys() >= names
 
     def k_additionalProperties(self, arg: Any, schema: dict[str, Any], depth: int) -> Check:
         if "patternProperties" in schema:
@@ -128,8 +159,14 @@ class _Compiler:
         extra = self.compile(arg, depth + 1)
         if extra is _always:
             return _always
-        return lambda v: type(v) is not dict or all(
-            k in known or extra(x) for k, x in v.items())
+        def check(v: Any) -> bool:
+            if type(v) is dict:
+                for k, x in v.items():
+                    if k not in known and not extra(x):
+                        return False
+            return True
+
+        return check
 
     def k_items(self, arg: Any, schema: dict[str, Any], depth: int) -> Check:
         if not isinstance(arg, dict | bool) or "prefixItems" in schema:
@@ -137,7 +174,14 @@ class _Compiler:
         item = self.compile(arg, depth + 1)
         if item is _always:
             return _always
-        return lambda v: type(v) is not list or all(item(x) for x in v)
+        def check(v: Any) -> bool:
+            if type(v) is list:
+                for x in v:
+                    if not item(x):
+                        return False
+            return True
+
+        return check
 
     def k_enum(self, arg: list[Any], _: dict[str, Any], __: int) -> Check:
         options = list(arg)
@@ -191,12 +235,10 @@ class _Compiler:
         return lambda v: type(v) is not str or search(v) is not None
 
     def k_anyOf(self, arg: list[Any], _: dict[str, Any], depth: int) -> Check:
-        options = [self.compile(s, depth + 1) for s in arg]
-        return lambda v: any(c(v) for c in options)
+        return _some([self.compile(s, depth + 1) for s in arg])
 
     def k_allOf(self, arg: list[Any], _: dict[str, Any], depth: int) -> Check:
-        parts = [self.compile(s, depth + 1) for s in arg]
-        return lambda v: all(c(v) for c in parts)
+        return _every([self.compile(s, depth + 1) for s in arg])
 
     def k_oneOf(self, arg: list[Any], _: dict[str, Any], depth: int) -> Check:
         options = [self.compile(s, depth + 1) for s in arg]
