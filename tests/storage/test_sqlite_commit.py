@@ -16,6 +16,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -330,6 +331,54 @@ def test_an_unchecked_patch_is_checked_even_after_checked_ones(store: SQLiteStor
     with pytest.raises(StorageError, match="does not exist"):
         store.commit([Write(A, None, 2, ((("nothing", 0), "x"),))])
     assert store.load(A) == Stored({"items": [*ITEMS, "x"]}, 2)
+
+
+def test_stores_racing_to_append_to_one_log_lose_nothing(tmp_path: Path) -> None:
+    """Three connections (a thread each) appending to one document's log, each retrying
+    on a conflict after reading the document again: every append lands exactly once, in
+    version order, whatever interleaving the lock gave them."""
+    path = tmp_path / "race.db"
+    first = SQLiteStore(path)
+    first.commit([Write(A, None, 0, (((), {"items": BIG}),), True)])
+    first.close()
+    per_thread, errors = 40, []
+
+    def appender(name: str) -> None:
+        store = SQLiteStore(path)
+        try:
+            for i in range(per_thread):
+                while True:
+                    have = store.load(A)
+                    assert have is not None
+                    patch = ((("items", len(have.value["items"])), f"{name}{i}"),)
+                    try:
+                        store.commit([Write(A, None, have.version, patch, True)])
+                        break
+                    except ConflictError:
+                        continue
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=appender, args=(n,)) for n in "abc"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=WAIT * 6)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    store = SQLiteStore(path)
+    try:
+        got = store.load(A)
+        assert got is not None
+        pushed = got.value["items"][len(BIG):]
+        assert got.version == 1 + 3 * per_thread
+        assert sorted(pushed) == sorted(f"{n}{i}" for n in "abc" for i in range(per_thread))
+        for n in "abc":  # each thread's own appends in its order
+            assert [x for x in pushed if x[0] == n] == [f"{n}{i}" for i in range(per_thread)]
+    finally:
+        store.close()
 
 
 # ------------------------------------------------------------ whole values, wrong guesses
