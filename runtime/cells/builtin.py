@@ -66,8 +66,8 @@ class BuiltinNode:
         js = to_json_schema(schema)
         key = DocKey(self.space, self.scope.key, derive(self.cause, "state", name))
         label = f"{self.label}.{name}"
-        self._b.docs.declare(key, check_json(initial, f"initial value of {label}"), js,
-                             label=label)
+        self._b.docs.declare(key, check_json(initial, lambda: f"initial value of {label}"),
+                             js, label=label)
         return Cell(self._b.docs, key, (), js)
 
     def scratch(self, name: str, initial: Any) -> Cell:

@@ -242,7 +242,8 @@ class Documents:
 
     def _declare(self, key: DocKey, initial: Any, schema: dict[str, Any] | None,
                  label: str, overwrite: bool, readonly: str | None) -> Doc:
-        self.check_open(f"declaring {label or 'a document'}")
+        if self.closed:
+            self.check_open(f"declaring {label or 'a document'}")  # raises
         doc = self._docs.get(key)
         if doc is not None and (doc.derived or doc.scratch):
             raise CellError(f"{doc.describe()} is "
