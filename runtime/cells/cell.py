@@ -259,7 +259,7 @@ class Cell:
         plain = copy_plain(value, len(path))  # the common case, before any lookup
         if plain is not MISSING:
             return plain
-        return accept_json(self._docs, value, where, key, path, self._docs.doc(key).schema)
+        return _accept_linked(self._docs, value, where, key, path, self._docs.doc(key).schema)
 
     def refresh(self) -> None:
         """Read this cell's document again from the store now, not waiting for the change
@@ -353,6 +353,13 @@ def accept_json(docs: Documents, value: Any, where: Callable[[], str], key: DocK
     plain = copy_plain(value, len(path))  # the common case: plain data, no link in it
     if plain is not MISSING:
         return plain
+    return _accept_linked(docs, value, where, key, path, schema)
+
+
+def _accept_linked(docs: Documents, value: Any, where: Callable[[], str], key: DocKey,
+                   path: Path, schema: dict[str, Any] | None) -> Any:
+    """``accept_json`` past its quick copy: links or made values in ``value``, or not JSON
+    (then it raises, naming where)."""
     links: list[Path] = []
     made: list[Path] = []
     value = check_json(value, where, depth=len(path), links=links, made=made)

@@ -230,6 +230,14 @@ _NEXT_ROW = _both(f"{_ROW}(SELECT version FROM patches WHERE {_THIS} ORDER BY ve
                   "LIMIT 1)=?6{}")
 _FIRST_ROW = _both(f"{_ROW}NOT EXISTS (SELECT 1 FROM patches WHERE {_THIS}) AND "
                    f"(SELECT version FROM docs WHERE {_THIS})=?6{{}}")
+
+
+def _append_row(has_log: bool, guarded: bool) -> str:
+    """The append's statement: after the log's newest version, or the first since the
+    base; with the quiet path's guard or without. Bound to (*key, new, patch, expect)."""
+    return (_NEXT_ROW if has_log else _FIRST_ROW)[guarded]
+
+
 _CHANGE = "INSERT INTO changes (origin, space, scope, id, version) VALUES (?,?,?,?,?)"
 _CHANGE_ROWS: dict[int, str] = {}  # the statement for n changes (n <= 1000), made once
 
@@ -643,8 +651,8 @@ class SQLiteStore:
             text = self._append_text(key, patch, known)
             if text is not None:
                 log_size, base_size = known.log_size + len(text), known.base_size
-                sql = _NEXT_ROW[1] if known.has_log else _FIRST_ROW[1]
-                done = db.execute(sql, (*key, new, text, expect, self._origin, time.time()))
+                done = db.execute(_append_row(known.has_log, True),
+                                  (*key, new, text, expect, self._origin, time.time()))
                 if done.rowcount != 1:  # a conflict or a watcher
                     self._locked(db, [_Step(key, expect, _APPEND, text, _UNKNOWN, log_size,
                                             base_size, known.has_log)])
@@ -866,8 +874,8 @@ class SQLiteStore:
         assert expect is not None
         new = step.new = expect + 1
         if step.kind is _APPEND:  # the form known to apply: a log at ``expect`` or none
-            sql = (_NEXT_ROW if step.had_log else _FIRST_ROW)[q]
-            return db.execute(sql, (*key, new, step.text, expect, *guard)).rowcount == 1
+            return db.execute(_append_row(step.had_log, bool(guard)),
+                              (*key, new, step.text, expect, *guard)).rowcount == 1
         if expect == 0:
             return db.execute(_CREATE[q], (*key, step.text, *guard)).rowcount == 1
         forms = (step.had_log,) if guard else (step.had_log, not step.had_log)
