@@ -13,6 +13,7 @@ the pattern runs, not at the first model call.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from typing import Any
 
 import pydantic
 
-from ..cells import Cell, Pattern, Stream
+from ..cells import Cell, Pattern, Stream, same
 from ..errors import PatternError
 from ..llm import Tool, ToolChoice
 from .management import MANAGEMENT_TOOL_NAMES, MANAGEMENT_TOOLS
@@ -92,13 +93,25 @@ def build_catalog(tools: Mapping[str, Any], builtin_tools: bool,
 
 _TOOLS: OrderedDict[tuple[str, str, str], Tool] = OrderedDict()
 CACHED_TOOLS = 1024  # advertised tools remembered (the least recently used go first)
+# a schema object's sorted text, with a copy to tell it is unchanged (strict JSON equality:
+# 1 and true differ): the text costs far more than the comparison, and a handler's event
+# schema is one dict every instance passes
+_SCHEMA_TEXT: OrderedDict[int, tuple[Any, str, Any]] = OrderedDict()
 
 
 def _tool(name: str, description: Any, schema: dict[str, Any]) -> Tool:
     """The tool as advertised. Every instance of a pattern declares the same tools: they
     share one (immutable) ``Tool``, made once, instead of each rewriting the schema."""
+    seen = _SCHEMA_TEXT.get(id(schema))
     try:
-        key = (name, description, json.dumps(schema, sort_keys=True))
+        if seen is not None and seen[0] is schema and same(seen[2], schema):
+            text = seen[1]  # the same schema object as last time, unchanged since
+        else:
+            text = json.dumps(schema, sort_keys=True)
+            _SCHEMA_TEXT[id(schema)] = (schema, text, copy.deepcopy(schema))
+            while len(_SCHEMA_TEXT) > CACHED_TOOLS:
+                _SCHEMA_TEXT.popitem(last=False)
+        key = (name, description, text)
         hit = _TOOLS.get(key)
     except (TypeError, ValueError):  # not plain JSON (or an unhashable description)
         return Tool(name=name, description=description,
@@ -113,10 +126,15 @@ def _tool(name: str, description: Any, schema: dict[str, Any]) -> Tool:
     return hit
 
 
+_AUTO = ToolChoice()
+
+
 def dialog_tool_choice(choice: Any, catalog: Mapping[str, ToolSpec], where: str) -> ToolChoice:
     """``choice`` (a ``ToolChoice`` or a string) as the port's value, checked against the
     tools the dialog advertises; a ``PatternError`` naming them (and why a built-in is not
     among them) otherwise. ``where`` names the builtin in the error."""
+    if choice == "auto" and type(choice) is str:  # the default: nothing to check
+        return _AUTO
     try:
         value = ToolChoice.model_validate(choice)
         value.check([spec.tool for spec in catalog.values()])

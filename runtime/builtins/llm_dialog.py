@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -109,7 +109,14 @@ class Dialog:
     pinned_cells: Cell
     pin_cell: Stream
     unpin_all_cells: Stream
-    flattened_tools: list[dict[str, Any]]
+    tools: tuple[Tool, ...] = field(repr=False)
+    """The tools the dialog advertises, in order (shared by every instance: read-only)."""
+
+    @property
+    def flattened_tools(self) -> list[dict[str, Any]]:
+        """The advertised tools as plain JSON (a fresh list, for a UI), made when asked
+        for: most patterns never do, and each instance would pay for it."""
+        return [tool.model_dump(mode="json") for tool in self.tools]
 
 
 def llm_dialog(messages: Cell, *, system: str | Cell | None = None,
@@ -147,7 +154,7 @@ def llm_dialog(messages: Cell, *, system: str | Cell | None = None,
         result=d.result, partial=d.state.partial, error=d.state.error, usage=d.usage,
         stop_reason=d.stop_reason, dropped=d.dropped, pinned_cells=d.pins, pin_cell=d.pin_stream,
         unpin_all_cells=d.unpin_all_stream,
-        flattened_tools=[s.tool.model_dump(mode="json") for s in catalog.values()],
+        tools=tuple(s.tool for s in catalog.values()),
     )
 
 

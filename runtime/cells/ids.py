@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
+from hashlib import sha256 as _sha256
 from typing import Any
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -17,10 +17,20 @@ def canonical(value: Any) -> str:
 
 def derive(*parts: Any) -> str:
     """A short, stable id from a description of where a document comes from."""
-    text = _simple_canonical(parts)
-    if text is None:
-        text = canonical(list(parts))
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    try:
+        flat = "".join(parts)  # the usual parts: text alone (a TypeError for anything else)
+    except TypeError:
+        flat = None
+    if flat is not None and parts and flat.isascii() and flat.isprintable() \
+            and '"' not in flat and "\\" not in flat:
+        # nothing to escape in any part: the encoder's text, joined in one go (an
+        # instance started derives about twenty ids)
+        text = '["' + '","'.join(parts) + '"]'
+    else:
+        text = _simple_canonical(parts)
+        if text is None:
+            text = canonical(list(parts))
+    return _sha256(text.encode()).hexdigest()[:24]
 
 
 def _simple_canonical(parts: tuple[Any, ...]) -> str | None:

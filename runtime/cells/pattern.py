@@ -146,26 +146,29 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Cell]:
     return node
 
 
-@functools.lru_cache(maxsize=1024)
-def _function_shape(fn: Callable[..., Any]) -> tuple[tuple[inspect.Parameter, ...], bool]:
+Shape = tuple[tuple[inspect.Parameter, ...], bool, bool]
+"""A function's parameters, whether it is ``async``, whether it takes ``**kwargs``."""
+
+
+def _read_shape(fn: Callable[..., Any], skip: int) -> Shape:
     is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
-    return tuple(inspect.signature(fn).parameters.values()), is_async
+    params = tuple(inspect.signature(fn).parameters.values())[skip:]
+    return params, is_async, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
-def _shape(fn: Callable[..., Any]) -> tuple[list[inspect.Parameter], bool]:
-    """``fn``'s parameters and whether it is ``async``, read once per function: a builtin
-    binds a method of each of its instances (``inspect.signature`` costs more than the
-    rest of the binding)."""
+_function_shape = functools.lru_cache(maxsize=1024)(_read_shape)
+
+
+def _shape(fn: Callable[..., Any]) -> Shape:
+    """``fn``'s shape, read once per function: a builtin binds a method of each of its
+    instances (``inspect.signature`` costs more than the rest of the binding)."""
     func = getattr(fn, "__func__", None)
     if func is not None and getattr(fn, "__self__", None) is not None:
-        params, is_async = _function_shape(func)
-        return list(params[1:]), is_async  # a bound method: without self
+        return _function_shape(func, 1)  # a bound method: without self
     try:
-        params, is_async = _function_shape(fn)
+        return _function_shape(fn, 0)
     except TypeError:  # unhashable callable
-        params = tuple(inspect.signature(fn).parameters.values())
-        is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
-    return list(params), is_async
+        return _read_shape(fn, 0)
 
 
 class Handler:
@@ -173,7 +176,7 @@ class Handler:
 
     def __init__(self, fn: Callable[..., Any], event_schema: dict[str, Any] | None,
                  event_model: type[BaseModel] | None = None, *, wraps: bool = True) -> None:
-        params, is_async = _shape(fn)
+        params, is_async, varkw = _shape(fn)
         if is_async:
             raise PatternError(
                 f"handler {fn.__name__} is `async def`, but handlers run synchronously inside "
@@ -188,7 +191,7 @@ class Handler:
         if not params:
             raise PatternError(f"handler {self.name} must take the event as its first parameter")
         self._state = params[1:]
-        self._varkw = any(p.kind is p.VAR_KEYWORD for p in self._state)
+        self._varkw = varkw and bool(self._state)  # **kwargs, not the event's own
         if wraps:  # a decorated function keeps its name and docs (not a builtin's stream)
             functools.update_wrapper(self, fn)
 

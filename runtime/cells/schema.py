@@ -17,6 +17,7 @@ Error text is built only when a value fails.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from pydantic import TypeAdapter
 from ..errors import SchemaError
 from .fastcheck import Check, compile_check
 from .jsonpath import Path, parse_pointer, pointer
+from .signals import same
 
 SchemaLike = dict[str, Any] | type | Any
 Where = str | Callable[[], str]
@@ -58,6 +60,9 @@ def to_json_schema(schema: SchemaLike | None) -> dict[str, Any] | None:
     if schema is None:
         return None
     if isinstance(schema, dict):
+        seen = _CHECKED_BY_ID.get(id(schema))
+        if seen is not None and seen[0] is schema and same(seen[1], schema):
+            return schema  # the object checked last time, unchanged since (no text made)
         key = _canonical(schema)  # by content: a dict changed since it was checked is new
         if key is None or key not in _CHECKED:
             _check_schema(schema)
@@ -65,6 +70,8 @@ def to_json_schema(schema: SchemaLike | None) -> dict[str, Any] | None:
                 _remember(_CHECKED, key, True)
         else:
             _CHECKED.move_to_end(key)
+        if key is not None:
+            _remember(_CHECKED_BY_ID, id(schema), (schema, copy.deepcopy(schema)))
         return schema
     if isinstance(schema, bool):
         raise SchemaError(f"a schema must be a JSON Schema dict or a type, got {schema!r}")
@@ -274,6 +281,9 @@ _BY_ID: OrderedDict[int, tuple[dict[str, Any], CompiledSchema]] = OrderedDict()
 _BY_CONTENT: OrderedDict[str, CompiledSchema] = OrderedDict()
 # to_json_schema: the dicts found valid (by content) and the schemas made from types
 _CHECKED: OrderedDict[str, bool] = OrderedDict()
+# and the dict objects found valid, each with a copy to tell it is unchanged (comparing
+# costs a third of writing the text; a pattern passes the same constant every instance)
+_CHECKED_BY_ID: OrderedDict[int, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
 _BY_TYPE: OrderedDict[Any, dict[str, Any]] = OrderedDict()
 
 

@@ -62,6 +62,17 @@ def test_a_checked_schema_is_checked_again_once_changed() -> None:
         to_json_schema(s)
 
 
+def test_a_checked_schema_changed_from_true_to_one_is_checked_again() -> None:
+    # Python's == says True == 1; a schema's ``true`` and ``1`` differ (1 is no schema)
+    from runtime.cells.schema import to_json_schema
+
+    s = {"type": "object", "additionalProperties": True}
+    assert to_json_schema(s) is s
+    s["additionalProperties"] = 1
+    with pytest.raises(SchemaError, match="additionalProperties"):
+        to_json_schema(s)
+
+
 def test_a_types_schema_is_made_once_and_shared() -> None:
     from pydantic import BaseModel
 
@@ -84,3 +95,4 @@ def test_the_checked_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     for n in range(50):
         to_json_schema({"type": "integer", "minimum": n})
     assert len(schema_module._CHECKED) <= 8
+    assert len(schema_module._CHECKED_BY_ID) <= 8

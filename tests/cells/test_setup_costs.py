@@ -9,7 +9,7 @@ import pytest
 from runtime import Runtime, cell, handler, pattern
 from runtime.cells.jsonpath import check_json
 from runtime.cells.scope import Scope
-from runtime.errors import NotJSONError
+from runtime.errors import BindingError, NotJSONError
 
 
 def test_links_are_found_by_the_pass_that_records_paths() -> None:
@@ -106,3 +106,52 @@ def test_equal_tools_are_one_shared_tool() -> None:
     anyio.run(main)
     assert made[0]["add"].tool is made[1]["add"].tool
     assert made[0]["add"].stream is not made[1]["add"].stream
+
+
+def test_a_tool_schema_changed_in_place_is_advertised_as_it_is_now() -> None:
+    # the schema's text is remembered by the object, with a copy to tell it is unchanged:
+    # an edit between two instances (1 for true included) is a new tool, not the old one
+    from runtime.builtins.dialog_tools import _tool
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}},
+              "additionalProperties": True}
+    first = _tool("count", "Count.", schema)
+    assert _tool("count", "Count.", schema) is first
+    schema["properties"]["n"]["type"] = "string"
+    second = _tool("count", "Count.", schema)
+    assert second.input_schema["properties"]["n"]["type"] == "string"
+    schema["additionalProperties"] = 1
+    third = _tool("count", "Count.", schema)
+    assert third is not second and third.input_schema["additionalProperties"] == 1
+
+
+def test_a_handler_taking_keyword_state_binds_any_cell() -> None:
+    @handler
+    def put(event, **state):
+        state["a"].set(event)
+
+    @handler
+    def only(**event):  # the event's own parameter: no state may be bound
+        pass
+
+    @pattern(name="kw")
+    def kw():
+        a = cell(0, name="a")
+        return {"a": a, "put": put(a=a)}
+
+    @pattern(name="kw-refused")
+    def refused():
+        return {"only": only(a=cell(0, name="a"))}
+
+    async def main() -> None:
+        async with Runtime(store="memory") as rt:
+            inst = rt.run(kw)
+            await inst.send("put", 5)
+            await rt.settled()
+            assert inst.result.key("a").get() == 5
+            with pytest.raises(BindingError, match="has no parameter 'a'"):
+                rt.run(refused)
+
+    import anyio
+
+    anyio.run(main)
