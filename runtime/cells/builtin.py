@@ -55,16 +55,14 @@ class BuiltinNode:
         self.cause = derive(b.cause_id, "builtin", kind, self.name)
         self.scope = _narrowest(x for x in inputs if isinstance(x, Cell | Stream))
         self.space = b.space
+        self.label = f"{b.name}.{self.name}"  # for logs and errors: "<pattern>.<node>"
+        self._scope_key = self.scope.key
         self._streams = 0
-
-    @property
-    def label(self) -> str:
-        return f"{self._b.name}.{self.name}"
 
     def state(self, name: str, initial: Any, schema: SchemaLike | None = None) -> Cell:
         """A stored cell of this node, created with ``initial`` the first time."""
         js = to_json_schema(schema)
-        key = DocKey(self.space, self.scope.key, derive(self.cause, "state", name))
+        key = DocKey(self.space, self._scope_key, derive(self.cause, "state", name))
         label = f"{self.label}.{name}"
         self._b.docs.declare(key, check_json(initial, lambda: f"initial value of {label}"),
                              js, label=label)
@@ -87,7 +85,7 @@ class BuiltinNode:
                event: SchemaLike | None = None) -> Stream:
         """A stream whose events run ``fn(event)`` as a handler, in a transaction."""
         h = Handler(fn, to_json_schema(event) if event is not None else None, wraps=False)
-        key = DocKey(self.space, self.scope.key, derive(self.cause, "stream", name))
+        key = DocKey(self.space, self._scope_key, derive(self.cause, "stream", name))
         return h.bind_in(self._b, key, {}, f"{self.label}.{name}")
 
     def on_stop(self, fn: Callable[[], None]) -> None:

@@ -327,8 +327,9 @@ class Cell:
         return make_link(key, path)
 
     def __repr__(self) -> str:
-        scope = f" [{self.scope}]" if self.scope else ""
-        return f"Cell(/{self.id}{pointer(self.path)}{scope})"
+        key = self._key
+        scope = f" [{key.scope}]" if key.scope else ""
+        return f"Cell(/{key.id}{pointer(self.path) if self.path else ''}{scope})"
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Cell) and other._docs is self._docs

@@ -21,7 +21,7 @@ import asyncio
 import functools
 import logging
 import marshal
-import sys
+from asyncio.events import _get_running_loop
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -78,31 +78,28 @@ def current_transaction() -> Transaction | None:
     """The transaction open in this task, if any. A task started inside another task's
     transaction inherits the context variable, not the transaction: it has none."""
     tx = _tx.get()
-    if tx is None or tx.task is None or tx.task == _task_id():
+    if tx is None or (t := tx.task) is None or t is _tasks_get(_get_running_loop()) \
+            or (type(t) is int and t == _other_task_id()):
         return tx
     return None
 
 
-if sys.version_info < (3, 12):  # asyncio.current_task() is Python code there: read
-    # what it reads, the running loop (a C call) and that loop's task, directly
-    from asyncio.events import _get_running_loop
-    from asyncio.tasks import _current_tasks
+# The running task, asked on every read inside a transaction: asyncio's, looked up where
+# asyncio keeps it (two C calls, no Python frame; ``current_task()`` is Python code on
+# 3.11), else None. Another backend's task is known by anyio's id (``_task_key``).
+_current_tasks = getattr(asyncio.tasks, "_current_tasks", None)
+if isinstance(_current_tasks, dict):
+    _tasks_get = _current_tasks.get
+else:  # a Python that no longer keeps them in a dict
+    def _tasks_get(loop: asyncio.AbstractEventLoop | None) -> asyncio.Task[Any] | None:
+        return asyncio.current_task(loop) if loop is not None else None
 
-    def _task_id() -> int | None:
-        """The running task's identity: asyncio's own where it runs (every cell read and
-        write asks), anyio's for other backends, None in plain synchronous code."""
-        loop = _get_running_loop()
-        task = _current_tasks.get(loop) if loop is not None else None
-        return id(task) if task is not None else _other_task_id()
-else:
-    def _task_id() -> int | None:
-        """The running task's identity: asyncio's own where it runs (every cell read and
-        write asks), anyio's for other backends, None in plain synchronous code."""
-        try:
-            task = asyncio.current_task()  # C from 3.12 on
-        except RuntimeError:  # no asyncio loop running here
-            task = None
-        return id(task) if task is not None else _other_task_id()
+
+def _task_key() -> object | None:
+    """The running task, as a transaction remembers its owner: asyncio's task object, or
+    anyio's id of a task of another backend, or None in plain synchronous code."""
+    task = _tasks_get(_get_running_loop())
+    return task if task is not None else _other_task_id()
 
 
 def _other_task_id() -> int | None:
@@ -560,7 +557,8 @@ class Documents:
         it, the committed one (tracked by the kernel) for everyone else."""
         tx = _tx.get()
         if tx is not None and tx.docs is self and _current_subscriber() is None \
-                and (tx.task is None or tx.task == _task_id()):
+                and ((t := tx.task) is None or t is _tasks_get(_get_running_loop())
+                     or (type(t) is int and t == _other_task_id())):
             pending = tx.pending.get(key)
             if pending is None:
                 # the version this transaction's view of the document is based on: a commit
@@ -703,7 +701,7 @@ class Transaction:
         self.docs = docs
         # the task that opened it: only that task sees it. A synchronous transaction (a
         # handler's: it cannot await, so no other task runs while it is open) needs no check
-        self.task = None if synchronous else _task_id()
+        self.task = None if synchronous else _task_key()
         self.state = TxState.OPEN
         self.pending: dict[DocKey, _Pending] = {}
         # in order: the documents written (one entry per write) and those first read or

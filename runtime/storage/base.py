@@ -50,7 +50,6 @@ import math
 import re
 import reprlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeGuard
 
 from ..errors import ConflictError, StorageError, StoreBusyError, StoreClosedError, StoreConfigError
@@ -97,9 +96,16 @@ class Stored(NamedTuple):
 Path = tuple[str | int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Write:
-    """One document's change in a commit.
+class _WriteFields(NamedTuple):
+    key: DocKey
+    value: Any
+    expect: int | None
+    patch: tuple[tuple[Path, Any], ...] | None
+    checked: bool
+
+
+class Write(_WriteFields):
+    """One document's change in a commit (immutable).
 
     ``expect`` is the version the change was based on: ``None`` writes unconditionally, ``0``
     creates the document only if it does not exist yet, ``n`` requires version ``n``.
@@ -119,19 +125,20 @@ class Write:
     may persist it. Unchecked patches (the default) are always checked.
     """
 
-    key: DocKey
-    value: Any
-    expect: int | None = None
-    patch: tuple[tuple[Path, Any], ...] | None = None
-    checked: bool = False
+    # A named tuple: a commit makes one per document it writes, and a frozen dataclass
+    # costs twice as much to make. Immutable all the same.
+    __slots__ = ()
 
-    def __post_init__(self) -> None:
-        if self.patch is not None and self.expect is None:
+    def __new__(cls, key: DocKey, value: Any, expect: int | None = None,
+                patch: tuple[tuple[Path, Any], ...] | None = None,
+                checked: bool = False) -> Write:
+        if patch is not None and expect is None:
             raise StoreConfigError(
                 f"Write.patch needs expect: a patch applies to a known version of "
-                f"{self.key}; pass expect=<the version the patch was computed from> "
+                f"{key}; pass expect=<the version the patch was computed from> "
                 f"(0 for a new document), or write the whole value without a patch"
             )
+        return tuple.__new__(cls, (key, value, expect, patch, checked))
 
 
 class Store(Protocol):

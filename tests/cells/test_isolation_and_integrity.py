@@ -966,3 +966,59 @@ async def test_update_and_push_at_a_data_link_do_not_pass_through_it():
             ref.update({"y": 2})
         ref.resolve().update({"y": 2})
         assert target.get() == {"name": "Ada", "y": 2}
+
+
+def test_an_open_transaction_is_its_own_tasks_alone() -> None:
+    # a task or a thread started inside a transaction inherits the context variable, not
+    # the transaction: it reads what is committed, and its writes are its own
+    @pattern
+    def one():
+        return {"n": cell(0, name="n")}
+
+    async def main() -> None:
+        async with Runtime() as rt:
+            n = rt.run(one).result.key("n")
+            seen: dict[str, Any] = {}
+
+            async def child() -> None:
+                seen["child"] = n.get()
+
+            with rt.transaction():
+                n.set(5)
+                seen["owner"] = n.get()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(child)
+                seen["thread"] = await anyio.to_thread.run_sync(n.get)
+                seen["owner after"] = n.get()
+            assert seen == {"owner": 5, "child": 0, "thread": 0, "owner after": 5}
+            assert n.get() == 5
+
+    anyio.run(main)
+
+
+def test_under_another_backend_a_transaction_is_known_by_anyios_task_id() -> None:
+    # trio keeps no asyncio task: the owner is anyio's id of the task that opened it
+    from runtime.cells import documents
+
+    class Opened:
+        task: object = None
+
+    async def main() -> None:
+        tx = Opened()
+        tx.task = documents._task_key()
+        assert type(tx.task) is int
+        token = documents._tx.set(tx)  # as Transaction.bind() does
+        seen: list[bool] = []
+
+        async def child() -> None:
+            seen.append(documents.current_transaction() is tx)
+
+        try:
+            seen.append(documents.current_transaction() is tx)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child)
+        finally:
+            documents._tx.reset(token)
+        assert seen == [True, False]
+
+    anyio.run(main, backend="trio")
