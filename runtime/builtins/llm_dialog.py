@@ -278,8 +278,10 @@ class _DialogNode:
         self._ending: set[str] = set()  # turns of this process ending by their own commit
         self.typed = TypedHistory()  # the history as messages, kept from turn to turn
         node.on_stop(self._stop)
-        for cell in (self.state.turn, self.state.pending):
-            node.on_stop(cell.sink(lambda _: self._stop_lost_turns()))
+        # ``turn`` changes with every start, end, cancel or takeover (``pending`` is written
+        # with it, in one commit): one sink sees them all. A write of ``pending`` alone (a
+        # user's) stops a turn here at its next write instead, which reads both (``owns``)
+        node.on_stop(self.state.turn.sink(lambda _: self._stop_lost_turns()))
 
     # -- the streams (handlers: synchronous, one transaction each) -------------------
 

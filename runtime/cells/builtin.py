@@ -65,7 +65,7 @@ class BuiltinNode:
         key = DocKey(self.space, self._scope_key, derive(self.cause, "state", name))
         label = f"{self.label}.{name}"
         self._b.docs.declare(key, check_json(initial, lambda: f"initial value of {label}"),
-                             js, label=label)
+                             js, label=label, owned=True)
         return Cell(self._b.docs, key, (), js)
 
     def scratch(self, name: str, initial: Any) -> Cell:

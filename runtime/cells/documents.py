@@ -221,7 +221,8 @@ class Documents:
     # -- declaring -------------------------------------------------------------------
 
     def declare(self, key: DocKey, initial: Any, schema: dict[str, Any] | None = None,
-                label: str = "", overwrite: bool = False, readonly: str | None = None) -> Doc:
+                label: str = "", overwrite: bool = False, readonly: str | None = None,
+                owned: bool = False) -> Doc:
         """The stored document at ``key``: loaded if the store has it, else created with
         ``initial`` (validated, then written to the store at once so a restart finds it).
 
@@ -229,8 +230,9 @@ class Documents:
         its committed value wins and is loaded. ``overwrite`` replaces what is stored
         (structure the runtime derives from code: results, stream markers). While an
         instance is built (``recording``), the key is recorded and the document counts one
-        more holder."""
-        doc = self._declare(key, initial, schema, label, overwrite, readonly)
+        more holder. ``owned``: ``initial`` is plain JSON made for this call, which nothing
+        else holds or changes (``check_json``'s copy): the document keeps it, uncopied."""
+        doc = self._declare(key, initial, schema, label, overwrite, readonly, owned)
         recording = self.recording
         if recording is not None:
             recording.append(key)
@@ -238,7 +240,7 @@ class Documents:
         return doc
 
     def _declare(self, key: DocKey, initial: Any, schema: dict[str, Any] | None,
-                 label: str, overwrite: bool, readonly: str | None) -> Doc:
+                 label: str, overwrite: bool, readonly: str | None, owned: bool) -> Doc:
         if self.closed:
             self.check_open(f"declaring {label or 'a document'}")  # raises
         doc = self._docs.get(key)
@@ -263,7 +265,7 @@ class Documents:
             compile_schema(schema).validate(
                 initial, lambda: f"initial value of {label or 'document'} (/{key.id})")
         if self._batch is not None:  # inside declaring(): stored with the others at its end
-            return self._declare_later(key, initial, schema, label, readonly, doc)
+            return self._declare_later(key, initial, schema, label, readonly, doc, owned)
         try:
             # create-if-absent (expect 0) unless replacing what the runtime derives from code
             versions = self.store.commit([Write(key, initial, None if doc is not None else 0)])
@@ -278,12 +280,12 @@ class Documents:
             self._held(key, doc)
             return doc
         if doc is None:
-            doc = Doc(key, signals.Signal(copy_json(initial), label), schema, label, False,
-                      readonly=readonly)
+            doc = Doc(key, signals.Signal(initial if owned else copy_json(initial), label),
+                      schema, label, False, readonly=readonly)
             doc.declared = True
             self._docs[key] = doc
         else:
-            doc.node.set(copy_json(initial))
+            doc.node.set(initial if owned else copy_json(initial))
         doc.version = versions[key]
         return doc
 
@@ -307,18 +309,21 @@ class Documents:
                 self._batch = None
 
     def _declare_later(self, key: DocKey, initial: Any, schema: dict[str, Any] | None,
-                       label: str, readonly: str | None, doc: Doc | None) -> Doc:
-        """``declare``'s write, kept for ``flush_declared``; the document is usable now."""
+                       label: str, readonly: str | None, doc: Doc | None, owned: bool) -> Doc:
+        """``declare``'s write, kept for ``flush_declared``; the document is usable now (an
+        owned ``initial`` is shared with the write: stores never keep nor change what they
+        are handed, and the runtime changes its copy in place only after the flush)."""
         assert self._batch is not None
+        mine = initial if owned else copy_json(initial)
         if doc is None:
-            doc = Doc(key, signals.Signal(copy_json(initial), label), schema, label, False,
+            doc = Doc(key, signals.Signal(mine, label), schema, label, False,
                       readonly=readonly)
             doc.declared = True
             self._docs[key] = doc
             before: Any = MISSING  # made here: dropped again if it cannot be stored
         else:
             before = doc.node.peek()
-            doc.node.set(copy_json(initial))
+            doc.node.set(mine)
         earlier = self._batch.get(key)
         if earlier is not None:  # declared twice in one block: one write, the first's base
             before, expect = earlier[2], earlier[0].expect

@@ -184,7 +184,7 @@ def _plain(value: Any, depth: int) -> Any:
                 raise _Bad
             tv = type(v)
             out[k] = v if (tv is str and v.isascii()) or tv is bool or tv is type(None) \
-                else _plain(v, d)
+                or (tv is int and -_MAX_INT < v < _MAX_INT) else _plain(v, d)
         if LINK in out and is_link(out):
             raise _HasLinks
         return out

@@ -85,7 +85,7 @@ def parse_link(link: dict[str, Any], base: DocKey) -> tuple[DocKey, Path]:
 
 def make_link(key: DocKey, path: Path) -> dict[str, Any]:
     """The link to ``path`` of document ``key`` (with its scope when it has one)."""
-    link: dict[str, Any] = {LINK: f"/{key.id}{pointer(path)}"}
+    link: dict[str, Any] = {LINK: f"/{key.id}{pointer(path)}" if path else f"/{key.id}"}
     if key.scope:
         link["scope"] = key.scope
     return link

@@ -111,7 +111,7 @@ def cell(value: Any = None, schema: SchemaLike | None = None, *, scope: ScopeNam
     key = b.key("cell", name, b.scope_key(scope))
     label = b.label("cell", name)
     initial = check_json(value, f"initial value of {label}")
-    b.docs.declare(key, initial, js, label=label)
+    b.docs.declare(key, initial, js, label=label, owned=True)
     return Cell(b.docs, key, (), js)
 
 
@@ -221,7 +221,7 @@ class Handler:
 
     def bind_in(self, b: Builder, key: DocKey, bindings: dict[str, Any], name: str) -> Stream:
         """The stream of this handler at ``key`` (a pattern's, or a builtin node's)."""
-        b.docs.declare(key, dict(STREAM_MARKER), None, label=name, overwrite=True,
+        b.docs.declare(key, dict(STREAM_MARKER), None, label=name, overwrite=True, owned=True,
                        readonly="it is a stream: send events to it instead")
         stream = Stream(b.scheduler, key, self, dict(bindings), name)
         b.streams.append(stream)

@@ -370,6 +370,7 @@ class Runtime:
                     res_key, value, None, f"{pattern.name} result", overwrite=not keep_result,
                     readonly="an instance's result is written by the runtime; write the cells "
                     "it names (a write through one of its links lands on the cell)",
+                    owned=True,  # made by _to_document for this call
                 )
         except BaseException:
             self._release(stored)  # it never ran: it holds nothing
@@ -741,7 +742,7 @@ def _to_document(value: Any, path: tuple[str, ...], streams: dict[str, Stream],
         return {PATTERN_REF: value.key}
     if isinstance(value, dict):
         for k in value:
-            if type(k) is str and has_surrogate(k):
+            if type(k) is str and not k.isascii() and has_surrogate(k):
                 raise NotJSONError(describe_surrogate(k, f"a key of pattern output at /"
                                                          f"{'/'.join(path)}"))
         return {str(k): _to_document(v, (*path, str(k)), streams, placed)

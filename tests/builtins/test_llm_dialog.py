@@ -115,6 +115,22 @@ async def test_cancel_while_held_sets_pending_false_at_once_and_the_late_reply_l
             "question", "again", "fresh"]
 
 
+async def test_pending_written_false_by_a_user_leaves_the_late_reply_nowhere():
+    # the dialog watches ``turn`` (written with ``pending`` by every start and end); a write
+    # of ``pending`` alone reaches the turn at its next write, which finds it not pending
+    model = Gate(["too late"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(todo_agent, user="u", session="s")
+        await inst.send("send", "question")
+        with anyio.fail_after(10):
+            await model.started.wait()
+        inst.result.key("pending").set(False)
+        model.opened.set()
+        await rt.settled()
+        assert _roles(inst) == ["user"]
+        assert inst.result.key("pending").get() is False
+
+
 async def test_cancel_during_the_first_of_two_tool_calls_answers_both():
     """The calls are ``invoke`` (a management tool: it awaits the handler's event, so a
     call can be in flight); a handler tool runs inside its step's commit and cannot be."""

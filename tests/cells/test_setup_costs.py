@@ -155,3 +155,32 @@ def test_a_handler_taking_keyword_state_binds_any_cell() -> None:
     import anyio
 
     anyio.run(main)
+
+
+def test_a_declared_document_owns_its_copy_of_the_initial_value() -> None:
+    # the document keeps check_json's copy uncopied (declare(owned=True)): what the pattern
+    # passed stays the caller's, and a shared store keeps its own copy of what was created
+    from runtime.storage import MemoryStore
+
+    start = {"tags": ["a"]}
+    store = MemoryStore()
+
+    @pattern(name="owned")
+    def owned():
+        return {"box": cell(start, name="box")}
+
+    async def main() -> None:
+        async with Runtime(store=store) as rt:
+            box = rt.run(owned, session="1").result.key("box")
+            start["tags"].append("changed by the caller")
+            assert box.get() == {"tags": ["a"]}
+            box.key("tags").push("b")
+            assert box.get() == {"tags": ["a", "b"]}
+            stored = store.load(box.resolve().doc_key)
+            assert stored is not None and stored.value == {"tags": ["a", "b"]}
+            stored.value["tags"].clear()
+            assert box.get() == {"tags": ["a", "b"]}
+
+    import anyio
+
+    anyio.run(main)
