@@ -285,6 +285,14 @@ class Pattern:
             argument_schema = {"type": "object", "required": required} if required else {
                 "type": "object"}
         self.argument_schema = argument_schema
+        # what every rt.run asks of the signature, read once
+        params = tuple(self.signature.parameters.values())
+        self._names = frozenset(p.name for p in params
+                                if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+        self._varkw = any(p.kind is p.VAR_KEYWORD for p in params)
+        self._required = tuple(p.name for p in params
+                               if p.name in self._names and p.default is p.empty)
+        self._defaults = {p.name: p.default for p in params if p.default is not p.empty}
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -293,18 +301,13 @@ class Pattern:
         )
 
     def bind_arguments(self, argument: Cell, args: dict[str, Any]) -> dict[str, Cell]:
-        params = self.signature.parameters.values()
-        names = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-        has_varkw = any(p.kind is p.VAR_KEYWORD for p in params)
+        names, has_varkw = self._names, self._varkw
         unknown = [k for k in args if k not in names]
         if unknown and not has_varkw:
             raise PatternError(
                 f"pattern {self.name} got unknown arguments {unknown}; it takes {sorted(names)}"
             )
-        missing = [
-            p.name for p in params
-            if p.name in names and p.default is p.empty and p.name not in args
-        ]
+        missing = [name for name in self._required if name not in args]
         if missing:
             raise PatternError(f"pattern {self.name} is missing arguments {missing}")
         bound = {n: argument.key(n) for n in names}
@@ -313,10 +316,7 @@ class Pattern:
         return bound
 
     def defaults(self) -> dict[str, Any]:
-        return {
-            p.name: p.default for p in self.signature.parameters.values()
-            if p.default is not p.empty
-        }
+        return dict(self._defaults)
 
     def __repr__(self) -> str:
         return f"pattern({self.name})"

@@ -322,7 +322,9 @@ class Runtime:
                            DocKey(space, scope.key, ""), (), pattern.argument_schema)
         if cause is not None:
             cause = check_json(cause, "cause")
-        cause_id = derive("instance", pattern.key, canonical(args) if cause is None else cause)
+        if cause is None:  # a pattern without arguments (the usual case) skips the encoder
+            cause = canonical(args) if args else "{}"
+        cause_id = derive("instance", pattern.key, cause)
         ident = (pattern.key, cause_id, space, scope.key)
         running = self._running.running(ident)
         if running is not None:
