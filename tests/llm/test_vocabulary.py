@@ -459,3 +459,19 @@ def test_response_events_assemble_back() -> None:
     for e in response_events(FULL_RESPONSE):
         asm.feed(e)
     assert asm.response() == FULL_RESPONSE
+
+
+COUNTS = st.integers(min_value=0, max_value=10**12)
+
+
+@given(st.tuples(COUNTS, COUNTS, COUNTS, COUNTS, COUNTS),
+       st.tuples(COUNTS, COUNTS, COUNTS, COUNTS, COUNTS))
+def test_usage_adds_field_by_field_and_nothing_added_is_the_same(a: tuple, b: tuple) -> None:
+    names = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+             "reasoning_tokens")
+    left = Usage(**dict(zip(names, a, strict=True)))
+    right = Usage(**dict(zip(names, b, strict=True)))
+    total = left + right
+    assert total.model_dump() == {n: x + y for n, x, y in zip(names, a, b, strict=True)}
+    assert left + Usage() is left  # adding what reported no usage makes nothing new
+    assert (Usage() + right).model_dump() == right.model_dump()
