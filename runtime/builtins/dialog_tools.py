@@ -13,7 +13,6 @@ the pattern runs, not at the first model call.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -95,7 +94,9 @@ _TOOLS: OrderedDict[tuple[str, str, str], Tool] = OrderedDict()
 CACHED_TOOLS = 1024  # advertised tools remembered (the least recently used go first)
 # a schema object's sorted text, with a copy to tell it is unchanged (strict JSON equality:
 # 1 and true differ): the text costs far more than the comparison, and a handler's event
-# schema is one dict every instance passes
+# schema is one dict every instance passes. Few, least recently used first: a schema
+# written as a literal in a pattern is a new dict every run, and only churns through
+SCHEMA_OBJECTS = 64
 _SCHEMA_TEXT: OrderedDict[int, tuple[Any, str, Any]] = OrderedDict()
 
 
@@ -106,10 +107,13 @@ def _tool(name: str, description: Any, schema: dict[str, Any]) -> Tool:
     try:
         if seen is not None and seen[0] is schema and same(seen[2], schema):
             text = seen[1]  # the same schema object as last time, unchanged since
+            _SCHEMA_TEXT.move_to_end(id(schema))
         else:
             text = json.dumps(schema, sort_keys=True)
-            _SCHEMA_TEXT[id(schema)] = (schema, text, copy.deepcopy(schema))
-            while len(_SCHEMA_TEXT) > CACHED_TOOLS:
+            # the copy is plain JSON (dicts and lists): a dict subclass, whose equality is
+            # Python's (1 == True), never matches it, and is written out every time
+            _SCHEMA_TEXT[id(schema)] = (schema, text, json.loads(text))
+            while len(_SCHEMA_TEXT) > SCHEMA_OBJECTS:
                 _SCHEMA_TEXT.popitem(last=False)
         key = (name, description, text)
         hit = _TOOLS.get(key)

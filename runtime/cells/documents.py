@@ -87,18 +87,27 @@ def current_transaction() -> Transaction | None:
 # The running task, asked on every read inside a transaction: asyncio's, looked up where
 # asyncio keeps it (two C calls, no Python frame; ``current_task()`` is Python code on
 # 3.11), else None. Another backend's task is known by anyio's id (``_task_key``).
+def _asyncio_current_task(loop: asyncio.AbstractEventLoop | None) -> asyncio.Task[Any] | None:
+    return asyncio.current_task(loop) if loop is not None else None
+
+
 _current_tasks = getattr(asyncio.tasks, "_current_tasks", None)
-if isinstance(_current_tasks, dict):
-    _tasks_get = _current_tasks.get
-else:  # a Python that no longer keeps them in a dict
-    def _tasks_get(loop: asyncio.AbstractEventLoop | None) -> asyncio.Task[Any] | None:
-        return asyncio.current_task(loop) if loop is not None else None
+# a Python that no longer keeps them in a dict (or keeps the dict but not its tasks there:
+# _task_key finds that out) asks asyncio.current_task instead
+_tasks_get: Callable[[asyncio.AbstractEventLoop | None], asyncio.Task[Any] | None] = (
+    _current_tasks.get if isinstance(_current_tasks, dict) else _asyncio_current_task)
 
 
 def _task_key() -> object | None:
     """The running task, as a transaction remembers its owner: asyncio's task object, or
     anyio's id of a task of another backend, or None in plain synchronous code."""
-    task = _tasks_get(_get_running_loop())
+    global _tasks_get
+    loop = _get_running_loop()
+    task = _tasks_get(loop)
+    if task is None and loop is not None:
+        task = asyncio.current_task(loop)
+        if task is not None:  # asyncio keeps its tasks elsewhere now: ask it every time
+            _tasks_get = _asyncio_current_task
     return task if task is not None else _other_task_id()
 
 

@@ -17,7 +17,6 @@ Error text is built only when a value fails.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections import OrderedDict
 from collections.abc import Callable
@@ -62,6 +61,7 @@ def to_json_schema(schema: SchemaLike | None) -> dict[str, Any] | None:
     if isinstance(schema, dict):
         seen = _CHECKED_BY_ID.get(id(schema))
         if seen is not None and seen[0] is schema and same(seen[1], schema):
+            _CHECKED_BY_ID.move_to_end(id(schema))
             return schema  # the object checked last time, unchanged since (no text made)
         key = _canonical(schema)  # by content: a dict changed since it was checked is new
         if key is None or key not in _CHECKED:
@@ -70,8 +70,10 @@ def to_json_schema(schema: SchemaLike | None) -> dict[str, Any] | None:
                 _remember(_CHECKED, key, True)
         else:
             _CHECKED.move_to_end(key)
-        if key is not None:
-            _remember(_CHECKED_BY_ID, id(schema), (schema, copy.deepcopy(schema)))
+        if key is not None:  # a plain JSON copy: a dict subclass (Python's ==) never matches
+            _CHECKED_BY_ID[id(schema)] = (schema, json.loads(key))
+            while len(_CHECKED_BY_ID) > SCHEMA_OBJECTS:
+                _CHECKED_BY_ID.popitem(last=False)
         return schema
     if isinstance(schema, bool):
         raise SchemaError(f"a schema must be a JSON Schema dict or a type, got {schema!r}")
@@ -282,7 +284,9 @@ _BY_CONTENT: OrderedDict[str, CompiledSchema] = OrderedDict()
 # to_json_schema: the dicts found valid (by content) and the schemas made from types
 _CHECKED: OrderedDict[str, bool] = OrderedDict()
 # and the dict objects found valid, each with a copy to tell it is unchanged (comparing
-# costs a third of writing the text; a pattern passes the same constant every instance)
+# costs a third of writing the text; a pattern passes the same constant every instance).
+# Few, least recently used first: a literal schema in a pattern is a new dict every run
+SCHEMA_OBJECTS = 64
 _CHECKED_BY_ID: OrderedDict[int, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
 _BY_TYPE: OrderedDict[Any, dict[str, Any]] = OrderedDict()
 

@@ -126,7 +126,8 @@ class Write(_WriteFields):
     """
 
     # A named tuple: a commit makes one per document it writes, and a frozen dataclass
-    # costs twice as much to make. Immutable all the same.
+    # costs twice as much to make. Immutable all the same (and equal to a plain tuple of
+    # the same five fields, as named tuples are).
     __slots__ = ()
 
     def __new__(cls, key: DocKey, value: Any, expect: int | None = None,
@@ -139,6 +140,14 @@ class Write(_WriteFields):
                 f"(0 for a new document), or write the whole value without a patch"
             )
         return tuple.__new__(cls, (key, value, expect, patch, checked))
+
+    def _replace(self, **changes: Any) -> Write:
+        """A copy with ``changes``, checked as a new ``Write`` is."""
+        return Write(**{**self._asdict(), **changes})
+
+    @classmethod
+    def _make(cls, iterable: Iterable[Any]) -> Write:
+        return cls(*iterable)
 
 
 class Store(Protocol):

@@ -9,6 +9,7 @@ smaller items.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -1022,3 +1023,26 @@ def test_under_another_backend_a_transaction_is_known_by_anyios_task_id() -> Non
         assert seen == [True, False]
 
     anyio.run(main, backend="trio")
+
+
+def test_where_asyncio_no_longer_fills_its_task_dict_the_owner_is_still_asyncios_task(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Python that keeps the dict but not its tasks in it (as 3.14 may): the first
+    # transaction finds that out and asks asyncio.current_task from then on
+    from runtime.cells import documents
+
+    monkeypatch.setattr(documents, "_tasks_get", {}.get)
+
+    async def main() -> None:
+        owner = documents._task_key()
+        assert owner is asyncio.current_task()
+        assert documents._tasks_get is documents._asyncio_current_task
+        seen: list[object] = []
+
+        async def child() -> None:
+            seen.append(documents._tasks_get(asyncio.get_running_loop()))
+
+        await asyncio.gather(child())
+        assert seen and seen[0] is not owner
+
+    asyncio.run(main())

@@ -92,7 +92,21 @@ def test_the_checked_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     from runtime.cells.schema import to_json_schema
 
     monkeypatch.setattr(schema_module, "CACHED_SCHEMAS", 8)
+    monkeypatch.setattr(schema_module, "SCHEMA_OBJECTS", 4)
     for n in range(50):
         to_json_schema({"type": "integer", "minimum": n})
     assert len(schema_module._CHECKED) <= 8
-    assert len(schema_module._CHECKED_BY_ID) <= 8
+    assert len(schema_module._CHECKED_BY_ID) <= 4
+
+
+def test_a_schema_of_a_dict_subclass_changed_from_one_to_true_is_checked_again() -> None:
+    # a dict subclass compares with Python's == (1 == True): it is never taken as unchanged
+    from collections import OrderedDict
+
+    from runtime.cells.schema import to_json_schema
+
+    s = OrderedDict(type="array", maxItems=1)
+    assert to_json_schema(s) is s
+    s["maxItems"] = True
+    with pytest.raises(SchemaError, match="maxItems"):
+        to_json_schema(s)

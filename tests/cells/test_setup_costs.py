@@ -125,6 +125,32 @@ def test_a_tool_schema_changed_in_place_is_advertised_as_it_is_now() -> None:
     assert third is not second and third.input_schema["additionalProperties"] == 1
 
 
+def test_a_dict_subclass_tool_schema_changed_from_one_to_true_is_advertised_anew() -> None:
+    from collections import OrderedDict
+
+    from runtime.builtins.dialog_tools import _tool
+
+    schema = OrderedDict(type="object", properties={"n": {"const": 1}})
+    assert _tool("pick", "Pick.", schema).input_schema["properties"]["n"]["const"] == 1
+    schema["properties"]["n"]["const"] = True
+    assert _tool("pick", "Pick.", schema).input_schema["properties"]["n"]["const"] is True
+
+
+def test_schemas_made_afresh_every_run_do_not_pile_up() -> None:
+    # a literal schema in a pattern is a new dict each run: the objects remembered stay few
+    from runtime.builtins import dialog_tools
+    from runtime.cells import schema as schema_module
+    from runtime.cells.schema import to_json_schema
+
+    big = {f"p{i}": {"type": "string", "description": "x" * 200} for i in range(50)}
+    for _ in range(300):
+        fresh = {"type": "object", "properties": {k: dict(v) for k, v in big.items()}}
+        to_json_schema(fresh)
+        dialog_tools._tool("t", "T.", fresh)
+    assert len(schema_module._CHECKED_BY_ID) <= schema_module.SCHEMA_OBJECTS
+    assert len(dialog_tools._SCHEMA_TEXT) <= dialog_tools.SCHEMA_OBJECTS
+
+
 def test_a_handler_taking_keyword_state_binds_any_cell() -> None:
     @handler
     def put(event, **state):

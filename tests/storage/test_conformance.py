@@ -589,6 +589,12 @@ def test_a_patch_creates_a_document_from_the_empty_path(store: Store) -> None:
 def test_a_patch_without_expect_is_refused() -> None:
     with pytest.raises(TypeError, match=r"patch needs expect.*expect=<the version"):
         Write(A, None, patch=((("x",), 1),))
+    made = Write(A, None, 3, ((("x",), 1),))
+    with pytest.raises(TypeError, match=r"patch needs expect"):  # a copy is checked too
+        made._replace(expect=None)
+    with pytest.raises(TypeError, match=r"patch needs expect"):
+        Write._make((A, None, None, ((("x",), 1),), False))
+    assert made._replace(expect=4).expect == 4 and made._replace(expect=4).patch == made.patch
 
 
 @pytest.mark.parametrize(
