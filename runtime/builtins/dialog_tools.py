@@ -95,8 +95,10 @@ CACHED_TOOLS = 1024  # advertised tools remembered (the least recently used go f
 # a schema object's sorted text, with a copy to tell it is unchanged (strict JSON equality:
 # 1 and true differ): the text costs far more than the comparison, and a handler's event
 # schema is one dict every instance passes. Few, least recently used first: a schema
-# written as a literal in a pattern is a new dict every run, and only churns through
+# written as a literal in a pattern is a new dict every run, and only churns through;
+# and small (a large one would be held three times over)
 SCHEMA_OBJECTS = 64
+SCHEMA_OBJECT_TEXT = 4096
 _SCHEMA_TEXT: OrderedDict[int, tuple[Any, str, Any]] = OrderedDict()
 
 
@@ -112,9 +114,10 @@ def _tool(name: str, description: Any, schema: dict[str, Any]) -> Tool:
             text = json.dumps(schema, sort_keys=True)
             # the copy is plain JSON (dicts and lists): a dict subclass, whose equality is
             # Python's (1 == True), never matches it, and is written out every time
-            _SCHEMA_TEXT[id(schema)] = (schema, text, json.loads(text))
-            while len(_SCHEMA_TEXT) > SCHEMA_OBJECTS:
-                _SCHEMA_TEXT.popitem(last=False)
+            if len(text) <= SCHEMA_OBJECT_TEXT:
+                _SCHEMA_TEXT[id(schema)] = (schema, text, json.loads(text))
+                while len(_SCHEMA_TEXT) > SCHEMA_OBJECTS:
+                    _SCHEMA_TEXT.popitem(last=False)
         key = (name, description, text)
         hit = _TOOLS.get(key)
     except (TypeError, ValueError):  # not plain JSON (or an unhashable description)

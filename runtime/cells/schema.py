@@ -70,7 +70,8 @@ def to_json_schema(schema: SchemaLike | None) -> dict[str, Any] | None:
                 _remember(_CHECKED, key, True)
         else:
             _CHECKED.move_to_end(key)
-        if key is not None:  # a plain JSON copy: a dict subclass (Python's ==) never matches
+        if key is not None and len(key) <= SCHEMA_OBJECT_TEXT:
+            # a plain JSON copy: a dict subclass (Python's ==) never matches it
             _CHECKED_BY_ID[id(schema)] = (schema, json.loads(key))
             while len(_CHECKED_BY_ID) > SCHEMA_OBJECTS:
                 _CHECKED_BY_ID.popitem(last=False)
@@ -285,8 +286,10 @@ _BY_CONTENT: OrderedDict[str, CompiledSchema] = OrderedDict()
 _CHECKED: OrderedDict[str, bool] = OrderedDict()
 # and the dict objects found valid, each with a copy to tell it is unchanged (comparing
 # costs a third of writing the text; a pattern passes the same constant every instance).
-# Few, least recently used first: a literal schema in a pattern is a new dict every run
+# Few, least recently used first: a literal schema in a pattern is a new dict every run;
+# and small (a large one would be held twice over)
 SCHEMA_OBJECTS = 64
+SCHEMA_OBJECT_TEXT = 4096
 _CHECKED_BY_ID: OrderedDict[int, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
 _BY_TYPE: OrderedDict[Any, dict[str, Any]] = OrderedDict()
 
