@@ -22,7 +22,7 @@ from typing import Any
 
 import pydantic
 
-from ..cells import Cell, Pattern, Stream, same
+from ..cells import Cell, Pattern, Stream, TextByObject
 from ..errors import PatternError
 from ..llm import Tool, ToolChoice
 from .management import MANAGEMENT_TOOL_NAMES, MANAGEMENT_TOOLS
@@ -92,32 +92,19 @@ def build_catalog(tools: Mapping[str, Any], builtin_tools: bool,
 
 _TOOLS: OrderedDict[tuple[str, str, str], Tool] = OrderedDict()
 CACHED_TOOLS = 1024  # advertised tools remembered (the least recently used go first)
-# a schema object's sorted text, with a copy to tell it is unchanged (strict JSON equality:
-# 1 and true differ): the text costs far more than the comparison, and a handler's event
-# schema is one dict every instance passes. Few, least recently used first: a schema
-# written as a literal in a pattern is a new dict every run, and only churns through;
-# and small (a large one would be held three times over)
-SCHEMA_OBJECTS = 64
-SCHEMA_OBJECT_TEXT = 4096
-_SCHEMA_TEXT: OrderedDict[int, tuple[Any, str, Any]] = OrderedDict()
+# a schema object's sorted text (a handler's event schema is one dict every instance
+# passes): the text costs far more than telling the object is unchanged
+_SCHEMA_TEXT = TextByObject()
 
 
 def _tool(name: str, description: Any, schema: dict[str, Any]) -> Tool:
     """The tool as advertised. Every instance of a pattern declares the same tools: they
     share one (immutable) ``Tool``, made once, instead of each rewriting the schema."""
-    seen = _SCHEMA_TEXT.get(id(schema))
     try:
-        if seen is not None and seen[0] is schema and same(seen[2], schema):
-            text = seen[1]  # the same schema object as last time, unchanged since
-            _SCHEMA_TEXT.move_to_end(id(schema))
-        else:
+        text = _SCHEMA_TEXT.get(schema)
+        if text is None:
             text = json.dumps(schema, sort_keys=True)
-            # the copy is plain JSON (dicts and lists): a dict subclass, whose equality is
-            # Python's (1 == True), never matches it, and is written out every time
-            if len(text) <= SCHEMA_OBJECT_TEXT:
-                _SCHEMA_TEXT[id(schema)] = (schema, text, json.loads(text))
-                while len(_SCHEMA_TEXT) > SCHEMA_OBJECTS:
-                    _SCHEMA_TEXT.popitem(last=False)
+            _SCHEMA_TEXT.put(schema, text)
         key = (name, description, text)
         hit = _TOOLS.get(key)
     except (TypeError, ValueError):  # not plain JSON (or an unhashable description)

@@ -16,7 +16,8 @@ or reaches for an underscore attribute. What they need beyond applications' API:
 - the one link-admission policy (``runtime/cells/links.py``): ``admit_links`` for input from
   outside the graph, ``as_link``, ``reachable_scopes``, ``admits_link``;
 - schemas: ``SchemaLike``, ``to_json_schema``, ``validate``, ``subschema``,
-  ``asks_for_link``; ids: ``canonical``; strict JSON equality: ``same``.
+  ``asks_for_link``; ids: ``canonical``; strict JSON equality: ``same``; the JSON text of
+  dict objects seen lately (a cache key made once per object): ``TextByObject``.
 """
 
 from ..errors import (
@@ -36,6 +37,7 @@ from ..errors import (
 )
 from ..storage import DocKey
 from .builtin import BuiltinNode
+from .by_object import TextByObject
 from .cell import STREAM_MARKER, Cell, Stream
 from .documents import Change, Transaction
 from .equality import same
@@ -84,6 +86,7 @@ __all__ = [
     "ScopeError",
     "Stream",
     "StreamError",
+    "TextByObject",
     "Transaction",
     "UsageError",
     "WriteInComputationError",

@@ -27,9 +27,9 @@ import jsonschema
 from pydantic import TypeAdapter
 
 from ..errors import SchemaError
+from .by_object import TextByObject
 from .fastcheck import Check, compile_check
 from .jsonpath import Path, parse_pointer, pointer
-from .signals import same
 
 SchemaLike = dict[str, Any] | type | Any
 Where = str | Callable[[], str]
@@ -59,9 +59,7 @@ def to_json_schema(schema: SchemaLike | None) -> dict[str, Any] | None:
     if schema is None:
         return None
     if isinstance(schema, dict):
-        seen = _CHECKED_BY_ID.get(id(schema))
-        if seen is not None and seen[0] is schema and same(seen[1], schema):
-            _CHECKED_BY_ID.move_to_end(id(schema))
+        if _CHECKED_BY_ID.get(schema) is not None:
             return schema  # the object checked last time, unchanged since (no text made)
         key = _canonical(schema)  # by content: a dict changed since it was checked is new
         if key is None or key not in _CHECKED:
@@ -70,11 +68,8 @@ def to_json_schema(schema: SchemaLike | None) -> dict[str, Any] | None:
                 _remember(_CHECKED, key, True)
         else:
             _CHECKED.move_to_end(key)
-        if key is not None and len(key) <= SCHEMA_OBJECT_TEXT:
-            # a plain JSON copy: a dict subclass (Python's ==) never matches it
-            _CHECKED_BY_ID[id(schema)] = (schema, json.loads(key))
-            while len(_CHECKED_BY_ID) > SCHEMA_OBJECTS:
-                _CHECKED_BY_ID.popitem(last=False)
+        if key is not None:
+            _CHECKED_BY_ID.put(schema, key)
         return schema
     if isinstance(schema, bool):
         raise SchemaError(f"a schema must be a JSON Schema dict or a type, got {schema!r}")
@@ -284,13 +279,8 @@ _BY_ID: OrderedDict[int, tuple[dict[str, Any], CompiledSchema]] = OrderedDict()
 _BY_CONTENT: OrderedDict[str, CompiledSchema] = OrderedDict()
 # to_json_schema: the dicts found valid (by content) and the schemas made from types
 _CHECKED: OrderedDict[str, bool] = OrderedDict()
-# and the dict objects found valid, each with a copy to tell it is unchanged (comparing
-# costs a third of writing the text; a pattern passes the same constant every instance).
-# Few, least recently used first: a literal schema in a pattern is a new dict every run;
-# and small (a large one would be held twice over)
-SCHEMA_OBJECTS = 64
-SCHEMA_OBJECT_TEXT = 4096
-_CHECKED_BY_ID: OrderedDict[int, tuple[dict[str, Any], dict[str, Any]]] = OrderedDict()
+# and the dict objects found valid (a pattern passes the same constant every instance)
+_CHECKED_BY_ID = TextByObject()
 _BY_TYPE: OrderedDict[Any, dict[str, Any]] = OrderedDict()
 
 

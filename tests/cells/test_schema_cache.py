@@ -92,7 +92,7 @@ def test_the_checked_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     from runtime.cells.schema import to_json_schema
 
     monkeypatch.setattr(schema_module, "CACHED_SCHEMAS", 8)
-    monkeypatch.setattr(schema_module, "SCHEMA_OBJECTS", 4)
+    monkeypatch.setattr(schema_module._CHECKED_BY_ID, "size", 4)
     for n in range(50):
         to_json_schema({"type": "integer", "minimum": n})
     assert len(schema_module._CHECKED) <= 8

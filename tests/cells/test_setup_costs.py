@@ -147,15 +147,15 @@ def test_schemas_made_afresh_every_run_do_not_pile_up() -> None:
         fresh = {"type": "object", "properties": {k: dict(v) for k, v in small.items()}}
         to_json_schema(fresh)
         dialog_tools._tool("t", "T.", fresh)
-    assert 0 < len(schema_module._CHECKED_BY_ID) <= schema_module.SCHEMA_OBJECTS
-    assert 0 < len(dialog_tools._SCHEMA_TEXT) <= dialog_tools.SCHEMA_OBJECTS
+    assert 0 < len(schema_module._CHECKED_BY_ID) <= schema_module._CHECKED_BY_ID.size
+    assert 0 < len(dialog_tools._SCHEMA_TEXT) <= dialog_tools._SCHEMA_TEXT.size
     # a large schema is not held by its object at all (its copy would cost as much again)
     big = {"type": "object", "properties": {
         f"p{i}": {"type": "string", "description": "x" * 200} for i in range(50)}}
     to_json_schema(big)
     dialog_tools._tool("t", "T.", big)
-    assert id(big) not in schema_module._CHECKED_BY_ID
-    assert id(big) not in dialog_tools._SCHEMA_TEXT
+    assert big not in schema_module._CHECKED_BY_ID
+    assert big not in dialog_tools._SCHEMA_TEXT
 
 
 def test_a_handler_taking_keyword_state_binds_any_cell() -> None:
