@@ -570,6 +570,7 @@ class Documents:
         """The document's value: the open transaction's version for the task that owns
         it, the committed one (tracked by the kernel) for everyone else."""
         tx = _tx.get()
+        # the owner test of current_transaction(), written out: every read passes here
         if tx is not None and tx.docs is self and _current_subscriber() is None \
                 and ((t := tx.task) is None or t is _tasks_get(_get_running_loop())
                      or (type(t) is int and t == _other_task_id())):

@@ -146,11 +146,11 @@ def lift(fn: Callable[..., Any]) -> Callable[..., Cell]:
     return node
 
 
-Shape = tuple[tuple[inspect.Parameter, ...], bool, bool]
+_Shape = tuple[tuple[inspect.Parameter, ...], bool, bool]
 """A function's parameters, whether it is ``async``, whether it takes ``**kwargs``."""
 
 
-def _read_shape(fn: Callable[..., Any], skip: int) -> Shape:
+def _read_shape(fn: Callable[..., Any], skip: int) -> _Shape:
     is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
     params = tuple(inspect.signature(fn).parameters.values())[skip:]
     return params, is_async, any(p.kind is p.VAR_KEYWORD for p in params)
@@ -159,7 +159,7 @@ def _read_shape(fn: Callable[..., Any], skip: int) -> Shape:
 _function_shape = functools.lru_cache(maxsize=1024)(_read_shape)
 
 
-def _shape(fn: Callable[..., Any]) -> Shape:
+def _shape(fn: Callable[..., Any]) -> _Shape:
     """``fn``'s shape, read once per function: a builtin binds a method of each of its
     instances (``inspect.signature`` costs more than the rest of the binding)."""
     func = getattr(fn, "__func__", None)
