@@ -42,7 +42,7 @@ from ..errors import (
     SchemaError,
     StorageError,
 )
-from ..storage import DocKey, Store, Write
+from ..storage import DocKey, Store, Write, can_watch
 from . import signals
 from .equality import same
 from .jsonpath import (
@@ -176,6 +176,8 @@ class Documents:
         # the store is this runtime's alone (a MemoryStore made for it): no other writer,
         # so what is loaded here is what is stored
         self.sole_writer = False
+        # the store tells versions apart from values (a change feed's ``versions()``)
+        self.watchable = can_watch(store)
         # sole writer: stored values no Doc holds (computed since, or let go by drop())
         self._let_go: dict[DocKey, Any] = {}
         # while an instance is built: the keys it declares (each declare also counts the
@@ -472,13 +474,17 @@ class Documents:
         Nothing to read when this runtime is the store's only writer (``sole_writer``)."""
         if self.sole_writer:
             return 0
+        docs, store = self._docs, self.store
+        held = [k for k in keys if (d := docs.get(k)) is not None and not d.derived]
+        if self.watchable:  # versions first (cheap), then only what moved
+            versions = store.versions(held)  # type: ignore[attr-defined]
+            held = [k for k in held if versions.get(k, 0) > docs[k].version]
+            if not held:
+                return 0
         fresh: dict[DocKey, Any] = {}
-        for key in keys:
-            doc = self._docs.get(key)
-            if doc is None or doc.derived:
-                continue
-            stored = self.store.load(key)
-            if stored is not None and stored.version > doc.version:
+        for key in held:
+            stored = store.load(key)
+            if stored is not None and stored.version > docs[key].version:
                 fresh[key] = stored
         return self.take(fresh) if fresh else 0
 

@@ -109,6 +109,7 @@ CACHED_DOCS = 256  # documents whose current value is kept to check patches agai
 # for checked writes (``Write.checked``): held once, by the caller; a smaller one keeps a
 # copy, so a log that outgrows its base (soon, for a small one) is rebased without a read
 KEEP_VALUE_UPTO = 16_384
+CURRENT_KEPT = 1024  # documents whose version ``versions()`` keeps while nobody else writes
 CHANGES_KEPT = 10_000  # rows of the change feed kept for readers that fall behind
 PRUNE_EVERY = 500  # rows of the change feed between deletions of old ones
 WATCH_TTL = 60.0  # seconds a watcher's row lasts unless renewed (every third of it)
@@ -332,6 +333,11 @@ class SQLiteStore:
         # check patches against, and sizes, to choose between a log entry and a new base)
         self._cache: OrderedDict[DocKey, _Known] = OrderedDict()
         self._data_version: int | None = None  # PRAGMA data_version when _watched was read
+        # each document's version in the file as ``versions()`` last read it, moved by this
+        # store's own commits since; good while no other connection has committed, i.e.
+        # while ``PRAGMA data_version`` still reads ``_current_at`` (see ``versions``)
+        self._current: dict[DocKey, int] = {}
+        self._current_at: int | None = None
         self._db: sqlite3.Connection | None = None
         if self.path != ":memory:":
             parent = Path(self.path).parent
@@ -365,11 +371,18 @@ class SQLiteStore:
     def commit(self, writes: Sequence[Write]) -> dict[DocKey, int]:
         if (len(writes) == 1 and not self._watched and self._watches < 2
                 and writes[0].expect is not None):
-            return self._run("commit()", self._commit_one, writes[0])  # the usual commit
-        if not writes:
+            done = self._run("commit()", self._commit_one, writes[0])  # the usual commit
+        elif not writes:
             self._open_db("commit()")
             return {}
-        return self._run("commit()", self._commit, writes)
+        else:
+            done = self._run("commit()", self._commit, writes)
+        current = self._current
+        if current:  # what versions() knows moves with this store's own commits
+            for key, version in done.items():
+                if key in current:
+                    current[key] = version
+        return done
 
     def keys(self, space: str) -> Iterable[DocKey]:
         def read() -> list[DocKey]:
@@ -411,9 +424,22 @@ class SQLiteStore:
     # -- the change feed (runtime.storage.feed) -----------------------------------------
 
     def versions(self, keys: Sequence[DocKey]) -> dict[DocKey, int]:
-        """The current version of each key that exists, in one snapshot."""
+        """The current version of each key that exists, in one snapshot.
+
+        Known without reading a row while no other connection has committed since the
+        last read of them (``PRAGMA data_version``, a read of shared memory, says so; this
+        store's own commits keep what it knows current): a dialog asks before every step
+        whether another process took its turn over, and the answer is almost always that
+        nothing changed."""
         def read() -> dict[DocKey, int]:
             db = self._open_db("versions()")
+            current = self._current
+            seen = db.execute("PRAGMA data_version").fetchone()[0]
+            if seen != self._current_at:  # another connection committed: forget it all
+                current.clear()
+                self._current_at = seen
+            elif all(key in current for key in keys):
+                return {key: v for key in keys if (v := current[key])}
             out: dict[DocKey, int] = {}
             db.execute("BEGIN")
             try:
@@ -423,6 +449,13 @@ class SQLiteStore:
                         out[key] = version
             finally:
                 _rollback(db)
+            if len(current) + len(keys) > CURRENT_KEPT:
+                current.clear()  # a recheck of every document held: not worth keeping
+            if len(keys) <= CURRENT_KEPT:
+                # read after ``seen``: if another commit came in between, the next call
+                # sees data_version move and forgets these
+                for key in keys:
+                    current[key] = out.get(key, 0)
             return out
 
         return self._run("versions()", read)
@@ -459,6 +492,7 @@ class SQLiteStore:
     def close(self) -> None:
         db, self._db = self._db, None
         self._cache.clear()
+        self._current.clear()
         if db is not None:
             try:
                 db.close()

@@ -137,6 +137,30 @@ async def test_versions_and_load_many_read_only_what_exists(pair: Any) -> None:
     assert reader.versions([]) == {} and reader.load_many([]) == {}
 
 
+async def test_versions_follow_every_writer_between_reads(pair: Any) -> None:
+    """Asked again and again (a dialog asks before every step), versions stay exact: after
+    the other store's commits, after the asking store's own, and for a key created since
+    it was missing. (SQLite answers from what it last read while no other connection has
+    committed: this is what that must never get wrong.)"""
+    writer, reader = pair
+    missing = DocKey("feed", "", "later")
+    writer.commit([Write(A, {"n": 0})])
+    assert reader.versions([A, missing]) == {A: 1}
+    assert reader.versions([A, missing]) == {A: 1}
+    writer.commit([Write(A, {"n": 1}, expect=1)])
+    assert reader.versions([A, missing]) == {A: 2}
+    reader.commit([Write(A, {"n": 2}, expect=2)])  # the asking store's own commit
+    assert reader.versions([A]) == {A: 3}
+    reader.commit([Write(A, None, expect=3, patch=((("n",), 3),)), Write(B, [], expect=0)])
+    assert reader.versions([A, B, missing]) == {A: 4, B: 1}
+    writer.commit([Write(missing, "here", expect=0)])
+    assert reader.versions([missing, A]) == {missing: 1, A: 4}
+    assert reader.versions([missing]) == {missing: 1}
+    writer.commit([Write(B, [1], expect=1)])
+    assert reader.versions([B]) == {B: 2}
+    assert reader.load_many([B]) == {B: Stored([1], 2)}
+
+
 async def test_load_many_takes_a_key_twice_as_once(pair: Any) -> None:
     writer, reader = pair
     writer.commit([Write(A, {"x": []})])

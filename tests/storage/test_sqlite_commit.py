@@ -35,7 +35,7 @@ from runtime.storage import (
     Stored,
     Write,
 )
-from runtime.storage.sqlite import _UNKNOWN, CACHED_DOCS, KEEP_VALUE_UPTO
+from runtime.storage.sqlite import _UNKNOWN, CACHED_DOCS, CURRENT_KEPT, KEEP_VALUE_UPTO
 
 A = DocKey("s", "", "a")
 B = DocKey("s", "user:u", "b")
@@ -675,3 +675,56 @@ async def test_the_previous_codes_feed_hears_this_codes_commits(previous: Module
     finally:
         old.close()
         new.close()
+
+
+# ---------------------------------------------------------------- versions() while alone
+
+
+def test_versions_asked_again_read_no_row_until_another_connection_commits(
+        tmp_path: Path) -> None:
+    """A dialog asks for its turn's version before every step. While no other connection
+    has committed, the answer is what was read last, moved by this store's own commits:
+    one ``PRAGMA data_version`` and no row read. Another connection's commit moves
+    data_version, and the rows are read again."""
+    path = tmp_path / "v.db"
+    store, other = SQLiteStore(path), SQLiteStore(path)
+    try:
+        store.commit([Write(A, {"n": 0})])
+        assert _sql(store, lambda: store.versions([A, B])) == [
+            "PRAGMA data_version", "BEGIN", "SELECT version, (SELECT", "SELECT version, (SELECT",
+            "ROLLBACK"]
+        assert _sql(store, lambda: store.versions([A, B])) == ["PRAGMA data_version"]
+        store.commit([Write(A, {"n": 1}, expect=1)])
+        seen: dict[DocKey, int] = {}
+        assert _sql(store, lambda: seen.update(store.versions([B, A]))) == [
+            "PRAGMA data_version"]
+        assert seen == {A: 2}
+        other.commit([Write(B, "b", expect=0)])
+        assert _sql(store, lambda: seen.update(store.versions([A, B])))[0:2] == [
+            "PRAGMA data_version", "BEGIN"]
+        assert seen == {A: 2, B: 1}
+        # a key never asked for is read, the others still known
+        c = DocKey("s", "", "c")
+        assert store.versions([A, c]) == {A: 2}
+        assert _sql(store, lambda: store.versions([A, B, c])) == ["PRAGMA data_version"]
+    finally:
+        store.close()
+        other.close()
+
+
+def test_versions_of_more_documents_than_it_keeps_are_read_every_time(tmp_path: Path) -> None:
+    """A recheck of everything a runtime holds is not kept (it would grow with the
+    documents held): the next ask of more than ``CURRENT_KEPT`` reads the rows again,
+    and a small ask is still answered right."""
+    store = SQLiteStore(tmp_path / "v.db")
+    try:
+        keys = [DocKey("s", "", f"k{i}") for i in range(CURRENT_KEPT + 1)]
+        store.commit([Write(k, i, expect=0) for i, k in enumerate(keys)])
+        assert store.versions(keys) == dict.fromkeys(keys, 1)
+        assert "BEGIN" in _sql(store, lambda: store.versions(keys))
+        assert len(store._current) <= CURRENT_KEPT
+        store.commit([Write(keys[0], "x", expect=1)])
+        assert store.versions(keys[:2]) == {keys[0]: 2, keys[1]: 1}
+        assert store.versions(keys[:2]) == {keys[0]: 2, keys[1]: 1}
+    finally:
+        store.close()
