@@ -121,8 +121,11 @@ class Write(_WriteFields):
     ``checked``: the caller has applied ``patch`` to its own copy of version ``expect``
     (every path exists there), as the runtime does with each write it commits. A store
     may then skip checking the paths again, and need not keep a value of its own to check
-    them against. A checked patch whose paths do not exist is the caller's bug: the store
-    may persist it. Unchecked patches (the default) are always checked.
+    them against. Its values are plain JSON the caller made (dicts with text keys, lists,
+    text without lone surrogates, numbers, booleans, None), so a store may encode them
+    without asking whether they are JSON at all. A checked patch whose paths do not exist,
+    or whose values are anything else, is the caller's bug: the store may persist it.
+    Unchecked patches (the default) are always checked.
     """
 
     # A named tuple: a commit makes one per document it writes, and a frozen dataclass

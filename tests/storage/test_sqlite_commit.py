@@ -728,3 +728,70 @@ def test_versions_of_more_documents_than_it_keeps_are_read_every_time(tmp_path: 
         assert store.versions(keys[:2]) == {keys[0]: 2, keys[1]: 1}
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------- the text of checked writes
+
+
+def _deep(n: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(n):
+        value = [value]
+    return value
+
+
+PLAIN_VALUES = [
+    "héllo wörld ✓ 😀 \u2028\u2029 \"quoted\" \\ back\tslash \x00\x1f",
+    {"ключ": "значение", "": "empty key", "a\"b": [1, -0.0, 0.1, 1e308, 5e-324]},
+    [2**70, -(2**70), 10**30, 1.5, True, False, None],
+    {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")},
+    _deep(300),  # deeper than pydantic-core writes: json's encoder does
+    "lone \ud800 surrogate",  # never from the runtime (it refuses them): written all the same
+]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, counting NaN as equal to NaN (json reads "NaN" back as a new float)."""
+    return json.dumps(a) == json.dumps(b)
+
+
+@pytest.mark.parametrize("value", PLAIN_VALUES, ids=range(len(PLAIN_VALUES)))
+def test_checked_writes_read_back_as_written(tmp_path: Path, value: Any) -> None:
+    """Checked writes (the runtime's own: plain JSON) are encoded by pydantic-core where
+    it can, by json where it cannot: either way a fresh store on the file reads back what
+    was written, as a whole value, an appended patch, and a new base."""
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path)
+    try:
+        store.commit([Write(A, None, 0, (((), {"items": [], "pad": "x" * 4000}),), True)])
+        store.commit([Write(A, None, 1, ((("items", 0), value),), True)])  # appended
+        store.commit([Write(A, None, 2, ((("items", 1), value),), True),
+                      Write(B, None, 0, (((), value),), True)])  # two writes: the plan
+        store.commit([Write(A, None, 3, (((), {"items": [value]}),), True)])  # a new base
+        store.commit([Write(A, None, 4, ((("items", 1), value),), True)])
+    finally:
+        store.close()
+    fresh = SQLiteStore(path)
+    try:
+        got = fresh.load(A)
+        assert got is not None and got.version == 5
+        assert _same(got.value, {"items": [value, value]})
+        got_b = fresh.load(B)
+        assert got_b is not None and _same(got_b.value, value)
+    finally:
+        fresh.close()
+
+
+def test_an_unchecked_write_of_what_is_not_json_is_still_refused(tmp_path: Path) -> None:
+    """Only checked writes go through pydantic-core, which would write bytes or a set as
+    if they were JSON; anything else still meets json's refusal, and nothing is stored."""
+    store = SQLiteStore(tmp_path / "t.db")
+    try:
+        for bad in (b"bytes", {1, 2}, object()):
+            with pytest.raises(StorageError, match="not JSON"):
+                store.commit([Write(A, {"x": bad})])
+            with pytest.raises(StorageError, match="not JSON"):
+                store.commit([Write(A, None, 0, (((), {"x": bad}),))])
+        assert store.load(A) is None
+    finally:
+        store.close()
