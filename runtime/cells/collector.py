@@ -14,8 +14,18 @@ instance stays constant; in between, collections walk only what is new. Objects 
 are still freed by reference counting; only garbage *cycles* among them (a stopped
 instance's graph) wait for the next refreeze, which unfreezes and collects first.
 
+While such a runtime is open, the youngest generation is collected every ``YOUNG``
+allocations instead of CPython's 700. Thousands of sessions keep many turns in flight
+(each awaiting its model with its frames, tasks and messages alive), so nearly everything
+young survives a young collection and is walked again in the middle one: at 4,000
+sessions the collector cost about 35-49 µs per dialog step at 700 and 19-25 at 10,000
+(``gc.callbacks`` around the collections; gen0 pauses of at most 28-42 ms against 52-75 at
+700, which had full collections too). Cycles that became garbage wait for up to ``YOUNG``
+allocations: a few megabytes at most.
+
 Process-wide by nature (the collector is one per process), so it is off by default in
-the library: an application that owns its process turns it on.
+the library: an application that owns its process turns it on. The first such runtime
+opened sets the threshold, the last one closed puts back what it found.
 """
 
 from __future__ import annotations
@@ -23,15 +33,19 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
-__all__ = ["FLOOR", "FreezePolicy"]
+__all__ = ["FLOOR", "YOUNG", "FreezePolicy"]
 
 FLOOR = 1000  # instances started before the first refreeze
+YOUNG = 10_000  # allocations between young collections while a policy is open
+
+_open = 0  # policies open in this process
+_found: tuple[int, int, int] | None = None  # the thresholds before the first one opened
 
 
 class FreezePolicy:
     """When to refreeze (see the module docstring); ``live()`` counts running instances."""
 
-    __slots__ = ("_live", "_next", "_started", "frozen", "refreezes")
+    __slots__ = ("_live", "_next", "_started", "frozen", "opened", "refreezes")
 
     def __init__(self, live: Callable[[], int]) -> None:
         self._live = live
@@ -39,6 +53,19 @@ class FreezePolicy:
         self._next = FLOOR
         self.refreezes = 0
         self.frozen = False
+        self.opened = False
+
+    def open(self) -> None:
+        """The runtime opened: young collections every ``YOUNG`` allocations (at least)."""
+        global _open, _found
+        if self.opened:
+            return
+        self.opened = True
+        if _open == 0:
+            _found = gc.get_threshold()
+            young, *older = _found
+            gc.set_threshold(max(young, YOUNG), *older)
+        _open += 1
 
     def started(self) -> None:
         """An instance was started: refreeze once enough were."""
@@ -57,7 +84,15 @@ class FreezePolicy:
         self._next = max(FLOOR, self._live())
 
     def close(self) -> None:
-        """Hand the frozen objects back to the collector (the runtime closed)."""
+        """Hand the frozen objects back to the collector (the runtime closed); the last
+        policy open puts back the thresholds it found."""
+        global _open, _found
         if self.frozen:
             gc.unfreeze()
             self.frozen = False
+        if self.opened:
+            self.opened = False
+            _open -= 1
+            if _open == 0 and _found is not None:
+                gc.set_threshold(*_found)
+                _found = None

@@ -203,6 +203,8 @@ class Runtime:
         await self._tg.start(self._keep_lease, name="celldialog lease keeper")
         if self.follow and can_watch(self.store):
             await self._tg.start(self._follow, name="celldialog change feed")
+        if self.collector is not None:
+            self.collector.open()  # closed with the runtime (the finally of __aexit__)
         return self
 
     async def _follow(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED

@@ -76,3 +76,34 @@ def test_off_by_default() -> None:
             assert gc.get_freeze_count() == 0
 
     anyio.run(main)
+
+
+def test_young_collections_are_rarer_while_a_policy_runtime_is_open() -> None:
+    """While a ``freeze_gc`` runtime is open the youngest generation is collected every
+    ``YOUNG`` allocations; the last one closed puts back the thresholds it found, and a
+    runtime without the policy leaves them alone."""
+    found = gc.get_threshold()
+    gc.set_threshold(500, 7, 9)
+    try:
+        async def main() -> None:
+            async with Runtime(store="memory") as plain:
+                assert gc.get_threshold() == (500, 7, 9)
+                async with Runtime(store="memory", freeze_gc=True):
+                    assert gc.get_threshold() == (collector.YOUNG, 7, 9)
+                    async with Runtime(store="memory", freeze_gc=True):
+                        assert gc.get_threshold() == (collector.YOUNG, 7, 9)
+                    assert gc.get_threshold() == (collector.YOUNG, 7, 9)  # one still open
+                assert gc.get_threshold() == (500, 7, 9)
+                assert plain.collector is None
+
+        anyio.run(main)
+        gc.set_threshold(50_000, 7, 9)  # a larger one of the application's own is kept
+
+        async def larger() -> None:
+            async with Runtime(store="memory", freeze_gc=True):
+                assert gc.get_threshold() == (50_000, 7, 9)
+            assert gc.get_threshold() == (50_000, 7, 9)
+
+        anyio.run(larger)
+    finally:
+        gc.set_threshold(*found)
