@@ -5,9 +5,10 @@
   are the dialog's to write: a user message carrying one would break the history (a result
   no call asked for) or splice provider content into a request (an opaque block's raw JSON
   goes to the provider verbatim), so each is refused with an error saying what to send.
-- **The model's** JSON (a call's input) is stored *inert* (``inert_message``): a
-  link-shaped object in it is kept as its JSON text, so the history never holds a live link
-  the model made up (it would alias other documents on read).
+- **The model's** JSON (a call's input) is stored *inert* (``inert``, or ``own_json`` of
+  the cell core for a whole message): a link-shaped object in it is kept as its JSON text,
+  so the history never holds a live link the model made up (it would alias other
+  documents on read).
 - **Stored history** is read back through ``TypedHistory``: text that cannot be encoded
   (a lone surrogate, in data stored before the boundary refused it) is replaced, so one bad
   character never makes every later turn fail.
@@ -24,7 +25,7 @@ from ..errors import PatternError
 from ..llm import ImageBlock, Message, Role, TextBlock, with_unique_call_ids
 from ..llm.safety import SUPPORTED_IMAGE_MEDIA_TYPES, supported_image_media_type
 
-__all__ = ["MAX_MESSAGE_CHARS", "TypedHistory", "inert", "inert_message", "user_message"]
+__all__ = ["MAX_MESSAGE_CHARS", "TypedHistory", "inert", "user_message"]
 
 MAX_MESSAGE_CHARS = 200_000  # characters of text in one user message
 MAX_IMAGES = 20  # images in one user message
@@ -198,16 +199,6 @@ def _message(raw: Any) -> Message:
         return Message.model_validate(raw)
     except ValueError:
         return Message.model_validate(scrub(raw))
-
-
-def inert_message(message: dict[str, Any]) -> dict[str, Any]:
-    """``inert`` of a message: only blocks that carry the model's own JSON (a call's input,
-    a provider's opaque data) can hold a link; text and results are strings."""
-    blocks = message.get("blocks")
-    if isinstance(blocks, list):
-        message["blocks"] = [inert(b) if isinstance(b, dict) and b.get("kind") not in (
-            "text", "tool_result") else b for b in blocks]
-    return message
 
 
 def inert(value: Any) -> Any:

@@ -62,7 +62,7 @@ from ..llm import (
     run_steps,
     unanswered_calls,
 )
-from .dialog_input import TypedHistory, inert, inert_message, user_message
+from .dialog_input import TypedHistory, inert, user_message
 from .dialog_tools import (
     PRESENT_RESULT,
     ToolSpec,
@@ -308,7 +308,7 @@ class _DialogNode:
             self.tool_output.set({})
         if self.stop_reason.get() is not None:  # the last turn's, not this one's
             self.stop_reason.set(None)
-        self.messages.push(message.model_dump(mode="json"))
+        self._push_message(message)
         self._scopes[turn_id] = self.node.spawn(self._run, rt, turn_id,
                                                 name=f"{self.node.label} turn")
 
@@ -528,7 +528,7 @@ class _DialogNode:
         is written with its last commit, not at every step."""
         if not self._owns(rt, run):
             return False
-        self.messages.push(inert_message(message.model_dump(mode="json")))
+        self._push_message(message)
         run.text.reset()
         if not message.tool_uses():
             # the final reply (the engine completes on a reply without calls): the turn
@@ -576,13 +576,20 @@ class _DialogNode:
 
     def _write_results(self, run: _TurnRun, message: Message) -> None:
         """Inside the step's transaction: its results and what goes with them."""
-        self.messages.push(message.model_dump(mode="json"))
+        self._push_message(message)
         if run.outputs:  # what its handlers answered goes
             self.tool_output.set({})
             run.outputs = False
         if run.present is not _NOTHING:  # presentResult: in the commit of its results
             self.result.set(run.present)
             run.present = _NOTHING
+
+    def _push_message(self, message: Message) -> None:
+        """Append ``message`` to the history as JSON made fresh for it, checked in the same
+        pass that makes the model's own JSON (a call's input) inert: a link-shaped object
+        in it is kept as its text, so the history never holds a live link the model made
+        up. One pass over the message and no second copy (``Cell.push(owned=True)``)."""
+        self.messages.push(message.model_dump(mode="json"), owned=True)
 
     def _inline(self, call: ToolUse) -> bool:
         """Does this call run inside its step's commit? Handler tools (synchronous) and

@@ -42,7 +42,7 @@ from .cell import STREAM_MARKER, Cell, Stream
 from .documents import Change, Transaction
 from .equality import same
 from .ids import canonical
-from .jsonpath import MISSING, Path, is_link, parse_pointer, pointer
+from .jsonpath import MISSING, Path, is_link, own_json, parse_pointer, pointer
 from .links import (
     Resolver,
     admit_links,
@@ -103,6 +103,7 @@ __all__ = [
     "is_link",
     "lift",
     "make_link",
+    "own_json",
     "parse_link",
     "parse_pointer",
     "pattern",

@@ -11,7 +11,16 @@ from ..storage import DocKey
 from . import signals
 from .documents import Documents, Transaction, TxState, _missing
 from .equality import same
-from .jsonpath import MISSING, Path, check_json, copy_json, copy_plain, is_link, pointer
+from .jsonpath import (
+    MISSING,
+    Path,
+    check_json,
+    copy_json,
+    copy_plain,
+    is_link,
+    own_json,
+    pointer,
+)
 from .links import check_written, make_link, parse_link
 from .schema import subschema
 
@@ -206,19 +215,32 @@ class Cell:
             for k, v in values.items():
                 tx.write(key, (*path, k), v)
 
-    def push(self, *items: Any) -> None:
-        """Append to the list here."""
+    def push(self, *items: Any, owned: bool = False) -> None:
+        """Append to the list here.
+
+        ``owned``: each item is data from outside made fresh for this call and held by
+        nothing else (``model_dump(mode="json")`` of a model's reply): it is checked and
+        stored as it is, in one pass and without the copy a push makes, and each
+        link-shaped object in it is stored as its JSON text, never followed
+        (``own_json``). The item may be changed in place; do not use it afterwards."""
         with writing(self._docs) as tx:
             key, path, current = self._container_target("push")
             if current is MISSING or current is None:
-                tx.write(key, path, self._accept(list(items), lambda: f"items pushed to {self!r}",
-                                                 key, path))
+                tx.write(key, path, own_json(list(items), lambda: f"items pushed to {self!r}",
+                                             depth=len(path)) if owned else self._accept(
+                    list(items), lambda: f"items pushed to {self!r}", key, path))
                 return
             if not isinstance(current, list):
                 raise UsageError(
                     f"push() needs a list at {self!r}, found {type(current).__name__}"
                 )
             n = len(current)
+            if owned:
+                owns = [own_json(item, lambda: f"item pushed to {self!r}", depth=len(path) + 1)
+                        for item in items]  # all checked before any is written
+                for offset, item in enumerate(owns):
+                    tx.write(key, (*path, n + offset), item)
+                return
             if len(items) == 1:  # the usual push
                 at = (*path, n)
                 tx.write(key, at, self._accept(items[0], lambda: f"item pushed to {self!r}",

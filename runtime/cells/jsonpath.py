@@ -6,6 +6,7 @@ untouched branches with the old one, so a snapshot stays valid while a transacti
 
 from __future__ import annotations
 
+import json as _json
 from collections.abc import Callable
 from typing import Any
 
@@ -156,6 +157,64 @@ def copy_plain(value: Any, depth: int = 0) -> Any:
         return _plain(value, depth)
     except (_HasLinks, _Bad):
         return MISSING
+
+
+def own_json(value: Any, where: str | Callable[[], str] = "value", *, depth: int = 0) -> Any:
+    """A fresh value from outside (made for this call and held by nothing else, as
+    ``model_dump(mode="json")`` makes one) made fit to store as it is, in place, in one
+    pass: each link-shaped object in it becomes its JSON text (data a model or a user sent
+    never becomes a link, which would alias other documents on read), and anything
+    ``check_json`` refuses raises ``NotJSONError`` naming it. What it returns can be written
+    with ``Cell.push(..., owned=True)``: no second copy.
+
+    ``depth`` is how deep the value will sit in its document. A link-shaped root comes back
+    as its text; anything else comes back as the same object."""
+    try:
+        return _own(value, depth)
+    except _Bad:
+        pass
+    # the slow pass: raises NotJSONError naming the place, or makes a plain copy of what
+    # the quick one does not take as it is (a model, a tuple), whose links it then makes
+    # inert. (The value may be half-changed by now: links as text only.)
+    return _own(_check(value, depth, None, (), where() if callable(where) else where, None),
+                depth)
+
+
+def _own(value: Any, depth: int) -> Any:
+    """``own_json``'s pass: ``_plain``'s checks, changing only link-shaped objects."""
+    t = type(value)
+    if t is str:
+        if not value.isascii() and has_surrogate(value):
+            raise _Bad
+        return value
+    if t is dict:
+        if LINK in value and is_link(value):
+            return _json.dumps(value, sort_keys=True)
+        if depth >= MAX_NESTING:
+            raise _Bad
+        d = depth + 1
+        for k, v in value.items():
+            if type(k) is not str or (not k.isascii() and has_surrogate(k)):
+                raise _Bad
+            tv = type(v)
+            if not ((tv is str and v.isascii()) or tv is bool or tv is type(None)
+                    or (tv is int and -_MAX_INT < v < _MAX_INT)):
+                owned = _own(v, d)
+                if owned is not v:
+                    value[k] = owned  # a key already there: the dict does not grow
+        return value
+    if t is list:
+        if depth >= MAX_NESTING:
+            raise _Bad
+        d = depth + 1
+        for i, v in enumerate(value):
+            owned = _own(v, d)
+            if owned is not v:
+                value[i] = owned
+        return value
+    if t in JSON_SCALARS:
+        return _check(value, depth, None, ())
+    raise _Bad  # a tuple, a model, anything made by code: the slow pass converts it
 
 
 class _Bad(Exception):
