@@ -255,7 +255,7 @@ class Cell:
         """Where ``update``/``push`` work: as for ``set``, and what is there must not be a
         link (a write never passes through a link it lands on)."""
         key, path, current = self._write_target()
-        if is_link(current):
+        if type(current) is dict and is_link(current):
             raise UsageError(
                 f"{op}() at {self!r}: the value here is a link to another cell; write that "
                 f"cell with .resolve().{op}(...), or replace the link with set()"
@@ -270,7 +270,7 @@ class Cell:
         else:
             key, path, value = docs.resolve(self._key, self.path, follow_last=False)
         for _ in range(64):
-            if not (is_link(value) and docs.doc(key).readonly):
+            if type(value) is not dict or not (is_link(value) and docs.doc(key).readonly):
                 return key, path, value
             key, path = parse_link(value, key)
             key, path, value = docs.resolve(key, path, follow_last=False)

@@ -602,7 +602,7 @@ class Documents:
         i = 0
         hops = 0
         while True:
-            if is_link(value) and (i < len(path) or follow_last):
+            if type(value) is dict and is_link(value) and (i < len(path) or follow_last):
                 hops += 1
                 if hops > MAX_LINK_HOPS:
                     raise LinkError(f"link cycle while reading /{key.id}{pointer(path)}")
@@ -778,7 +778,8 @@ class Transaction:
         del self.after_commit[n_hooks:]
 
     def _doc_for_write(self, key: DocKey) -> Doc:
-        doc = self.docs.doc(key)
+        docs = self.docs
+        doc = docs._docs.get(key) or docs.doc(key)  # loaded: no call (every write asks)
         if not doc.declared and not doc.derived and self.docs.on_missing is not None:
             self.docs.on_missing(key, True)  # a parked instance that declares it comes back
             doc = self.docs.doc(key)
@@ -799,7 +800,8 @@ class Transaction:
     def view(self, key: DocKey, pending: _Pending) -> Any:
         """The document as this transaction sees it (its writes applied to a copy)."""
         if pending.root is MISSING:
-            root = self.docs.doc(key).node.peek()
+            docs = self.docs
+            root = (docs._docs.get(key) or docs.doc(key)).node.peek()
             for path, value in pending.ops:
                 root = _assign_owned(root, path, value, pending.owned)
             pending.root = root
@@ -889,8 +891,9 @@ class Transaction:
         if docs._batch:  # declared in the same block: stored before what builds on it
             docs.flush_declared()
         written: list[tuple[DocKey, _Pending, Doc]] = []
+        loaded = docs._docs
         for k, p in self.pending.items():
-            doc = docs.doc(k)
+            doc = loaded.get(k) or docs.doc(k)
             if p.ops and not doc.declared and not doc.scratch:
                 # loaded again since it was written (its instance parked meanwhile): its
                 # owner comes back, so the write is checked against its schema
