@@ -9,7 +9,7 @@ from .._text import describe_surrogate, has_surrogate
 from ..errors import LinkError, NotJSONError, PathError, UsageError, WriteInComputationError
 from ..storage import DocKey
 from . import signals
-from .documents import Documents, Transaction, TxState, _missing
+from .documents import Documents, Transaction, TxState, _missing, _open_tx
 from .equality import same
 from .jsonpath import (
     MISSING,
@@ -55,10 +55,12 @@ class writing:
                 "handler instead"
             )
         docs = self._docs
-        tx = docs.tx
+        tx = _open_tx(docs)
         if tx is not None:
             self._tx, self._nested = tx, True
-            self._point = tx.savepoint()
+            # tx.savepoint(), written out: taken before every nested write
+            self._point = (len(tx.journal), len(tx.created), len(tx.outbox),
+                           len(tx.after_commit))
             return tx
         docs.check_open("writing a cell")
         tx = self._tx = Transaction(docs)

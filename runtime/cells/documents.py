@@ -84,6 +84,18 @@ def current_transaction() -> Transaction | None:
     return None
 
 
+def _open_tx(docs: Documents) -> Transaction | None:
+    """``Documents.tx`` in one call (every cell write asks): ``current_transaction()``'s
+    owner test, written out."""
+    tx = _tx.get()
+    if tx is None or tx.docs is not docs:
+        return None
+    if (t := tx.task) is None or t is _tasks_get(_get_running_loop()) \
+            or (type(t) is int and t == _other_task_id()):
+        return tx
+    return None
+
+
 # The running task, asked on every read inside a transaction: asyncio's, looked up where
 # asyncio keeps it (two C calls, no Python frame; ``current_task()`` is Python code on
 # 3.11), else None. Another backend's task is known by anyio's id (``_task_key``).
@@ -226,8 +238,7 @@ class Documents:
     @property
     def tx(self) -> Transaction | None:
         """The transaction open in the calling task on these documents, if any."""
-        tx = current_transaction()
-        return tx if tx is not None and tx.docs is self else None
+        return _open_tx(self)
 
     # -- declaring -------------------------------------------------------------------
 
