@@ -41,6 +41,7 @@ from .types import (
     ToolUse,
     Usage,
     _Value,
+    made,
 )
 
 
@@ -169,13 +170,12 @@ class Assembler:
                 msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
                 raise self._bad(f"{which}: its arguments are not JSON ({msg})") from None
         blocks.update(self._opaque)
-        message = Message(role=Role.ASSISTANT, blocks=tuple(blocks[i] for i in sorted(blocks)))
-        return Response(
-            message=message,
-            stop_reason=self._stop.stop_reason,
-            usage=self._usage,
-            model=self._stop.model,
-        )
+        # every part is a value validated already (the blocks above, the events' fields)
+        message = made(Message, role=Role.ASSISTANT,
+                       blocks=tuple(blocks[i] for i in sorted(blocks)))
+        stop = self._stop
+        return made(Response, message=message, stop_reason=stop.stop_reason,
+                    usage=self._usage, model=stop.model)
 
 
 def tool_name_too_long(name: str, provider: str) -> LLMError:

@@ -77,7 +77,18 @@ from .errors import Fault, LLMError, cap_message
 from .events import Assembler, TextDelta
 from .history import CallIds
 from .model import Model
-from .types import AUTO, Message, Request, Response, Role, Tool, ToolResult, ToolUse, Usage
+from .types import (
+    AUTO,
+    Message,
+    Request,
+    Response,
+    Role,
+    Tool,
+    ToolResult,
+    ToolUse,
+    Usage,
+    made,
+)
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -371,7 +382,7 @@ class _StepLoop:
         finally:  # every call gets a result, whatever interrupted the loop
             results += [ToolResult(tool_use_id=c.id, content=TOOL_CANCELLED, is_error=True)
                         for c in calls[len(results):]]
-            await self.append(Message(role=Role.USER, blocks=tuple(results)))
+            await self.append(made(Message, role=Role.USER, blocks=tuple(results)))
 
     async def run_tool(self, call: ToolUse, advertised: dict[str, Tool]) -> ToolResult:
         tool = advertised.get(call.name)

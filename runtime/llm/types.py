@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 
 import pydantic_core
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -359,6 +359,24 @@ class Request(_Value):
                 "(give each call a fresh one: runtime.llm.history.fresh_call_id())"
             )
         return self
+
+
+_M = TypeVar("_M", bound=BaseModel)
+_set = object.__setattr__
+
+
+def made(cls: type[_M], **fields: Any) -> _M:
+    """An instance of ``cls`` from values that are already what its fields hold (instances
+    the port validated itself), every field given, without validating them again: what
+    ``model_construct`` does, at a fifth of its cost (and a third of validating). For the
+    few values the step engine makes at every step from parts it made: a reply's message
+    and response, a step's results. Anything from outside goes through the constructor."""
+    m = object.__new__(cls)
+    _set(m, "__dict__", fields)
+    _set(m, "__pydantic_fields_set__", set(fields))
+    _set(m, "__pydantic_extra__", None)
+    _set(m, "__pydantic_private__", None)
+    return m
 
 
 class Usage(_Value):
