@@ -419,14 +419,22 @@ class _DialogNode:
             tools = tuple(s.tool for s in self.catalog.values())
             cache = CacheHint(prefix=True, stable_messages=stable, key=self.node.cause)
 
+            first: list[Request] = []
+
             def build(history_now: Any, step: int) -> Request:
                 if step > 1 and not self._still_owned(rt, run):
                     raise _TurnLost  # cancelled or taken over by another process: no call
-                return Request(
-                    system=self._system_prompt(run), messages=tuple(history_now), tools=tools,
-                    max_tokens=self.max_tokens, tool_choice=self.tool_choice,
-                    cache=cache,
-                )
+                system, messages = self._system_prompt(run), tuple(history_now)
+                if first:
+                    # what a step changes: the history, grown by the engine (which keeps its
+                    # call ids unique), and the system prompt (scrubbed text). The rest was
+                    # validated with the turn's first request, the history's ids too
+                    return first[0].model_copy(update={"system": system, "messages": messages})
+                first.append(Request(
+                    system=system, messages=messages, tools=tools, max_tokens=self.max_tokens,
+                    tool_choice=self.tool_choice, cache=cache,
+                ))
+                return first[0]
 
             sink = StepSink(
                 # why the last reply stopped (written as the turn ends): none while a call

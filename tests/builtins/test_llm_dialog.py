@@ -701,6 +701,38 @@ async def test_system_may_be_a_cell_read_at_every_step():
             rt.run(bad)
 
 
+@handler
+def retone(event, persona):
+    persona.set(event["to"])
+
+
+async def test_a_system_prompt_edited_mid_turn_goes_with_the_next_step():
+    """A turn's later requests are its first one with the history and the system prompt
+    changed (not validated again): an edit by a tool applies from the next model call, and
+    every request is one the constructor would make."""
+    @pattern
+    def agent():
+        persona = cell("You are terse.", name="persona")
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, system=persona, builtin_tools=False, tools={
+            "retone": {"description": "Change the tone.", "handler": retone(persona=persona)}})
+        return {"persona": persona, "messages": messages, "send": chat.add_message}
+
+    model = ScriptedModel([Reply(tool_calls=[call("retone", {"to": "You are verbose."})]),
+                           Reply(tool_calls=[call("retone", {"to": "Sé bref ✓"})]),
+                           "done"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(agent)
+        await inst.send("send", "hi")
+        await rt.settled()
+        assert inst.result.key("persona").get() == "Sé bref ✓"
+    systems = [r.system for r in model.requests]
+    assert systems == ["You are terse.", "You are verbose.", "Sé bref ✓"]
+    assert [len(r.messages) for r in model.requests] == [1, 3, 5]
+    for r in model.requests:
+        assert Request.model_validate(r.model_dump()) == r
+
+
 async def test_a_link_the_model_writes_is_stored_as_text_never_as_a_live_link():
     model = ScriptedModel([])
     async with Runtime(model=model) as rt:
