@@ -21,8 +21,8 @@ replayable (``CallIds``).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable
-from typing import Annotated, Literal
+from collections.abc import AsyncIterable, Callable
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -121,26 +121,40 @@ class Assembler:
              | UsageUpdate | Stop) -> None:
         if self._stop is not None:
             raise self._bad(f"event {event.type!r} after stop")
-        match event:
-            case TextDelta(index=i, text=t):
-                self._texts.setdefault(i, []).append(t)
-            case ToolCallStart(index=i, id=cid, name=name):
-                if len(name) > MAX_TOOL_NAME_CHARS:
-                    raise tool_name_too_long(name, self._provider)
-                self._calls[i] = (cid, name, [])
-            case ToolCallDelta(index=i, arguments=a):
-                if i not in self._calls:
-                    raise self._bad(f"arguments for tool call {i} before its start")
-                self._calls[i][2].append(a)
-            case ToolCallEnd(index=i):
-                if i not in self._calls:
-                    raise self._bad(f"end of tool call {i} before its start")
-            case OpaqueDone(index=i, block=b):
-                self._opaque[i] = b
-            case UsageUpdate(usage=u):
-                self._usage = u
-            case Stop():
-                self._stop = event
+        feed = _FEED.get(type(event))  # one lookup, not a class test per kind
+        if feed is None:  # a subclass of an event type (an adapter's own)
+            feed = next((f for kind, f in _FEED.items() if isinstance(event, kind)), None)
+            if feed is None:
+                return  # not an event: nothing to fold
+        feed(self, event)
+
+    def _text(self, event: TextDelta) -> None:
+        self._texts.setdefault(event.index, []).append(event.text)
+
+    def _start(self, event: ToolCallStart) -> None:
+        name = event.name
+        if len(name) > MAX_TOOL_NAME_CHARS:
+            raise tool_name_too_long(name, self._provider)
+        self._calls[event.index] = (event.id, name, [])
+
+    def _arguments(self, event: ToolCallDelta) -> None:
+        call = self._calls.get(event.index)
+        if call is None:
+            raise self._bad(f"arguments for tool call {event.index} before its start")
+        call[2].append(event.arguments)
+
+    def _end(self, event: ToolCallEnd) -> None:
+        if event.index not in self._calls:
+            raise self._bad(f"end of tool call {event.index} before its start")
+
+    def _opaque_done(self, event: OpaqueDone) -> None:
+        self._opaque[event.index] = event.block
+
+    def _usage_update(self, event: UsageUpdate) -> None:
+        self._usage = event.usage
+
+    def _stopped(self, event: Stop) -> None:
+        self._stop = event
 
     def response(self) -> Response:
         if self._stop is None:
@@ -176,6 +190,17 @@ class Assembler:
         stop = self._stop
         return made(Response, message=message, stop_reason=stop.stop_reason,
                     usage=self._usage, model=stop.model)
+
+
+_FEED: dict[type, Callable[[Assembler, Any], None]] = {
+    TextDelta: Assembler._text,
+    ToolCallStart: Assembler._start,
+    ToolCallDelta: Assembler._arguments,
+    ToolCallEnd: Assembler._end,
+    UsageUpdate: Assembler._usage_update,
+    Stop: Assembler._stopped,
+    OpaqueDone: Assembler._opaque_done,
+}
 
 
 def tool_name_too_long(name: str, provider: str) -> LLMError:
