@@ -207,7 +207,9 @@ def inert(value: Any) -> Any:
     if isinstance(value, dict):
         if is_link(value):
             return json.dumps(value, sort_keys=True)
-        return {k: inert(v) for k, v in value.items()}
+        out = {k: inert(v) for k, v in value.items()}
+        # link-shaped only now ({"@link": <a link>}: the inner one became its text)
+        return json.dumps(out, sort_keys=True) if is_link(out) else out
     if isinstance(value, list):
         return [inert(v) for v in value]
     return value

@@ -25,12 +25,14 @@ allocations: a few megabytes at most.
 
 Process-wide by nature (the collector is one per process), so it is off by default in
 the library: an application that owns its process turns it on. The first such runtime
-opened sets the threshold, the last one closed puts back what it found.
+opened sets the threshold, the last one closed puts back what it found (unless the
+application set thresholds of its own meanwhile: those stay).
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Callable
 
 __all__ = ["FLOOR", "YOUNG", "FreezePolicy"]
@@ -40,6 +42,8 @@ YOUNG = 10_000  # allocations between young collections while a policy is open
 
 _open = 0  # policies open in this process
 _found: tuple[int, int, int] | None = None  # the thresholds before the first one opened
+_set: tuple[int, int, int] | None = None  # the thresholds the first one set
+_lock = threading.Lock()  # runtimes in other threads open and close policies too
 
 
 class FreezePolicy:
@@ -57,15 +61,17 @@ class FreezePolicy:
 
     def open(self) -> None:
         """The runtime opened: young collections every ``YOUNG`` allocations (at least)."""
-        global _open, _found
-        if self.opened:
-            return
-        self.opened = True
-        if _open == 0:
-            _found = gc.get_threshold()
-            young, *older = _found
-            gc.set_threshold(max(young, YOUNG), *older)
-        _open += 1
+        global _open, _found, _set
+        with _lock:
+            if self.opened:
+                return
+            self.opened = True
+            if _open == 0:
+                _found = gc.get_threshold()
+                young, older, oldest = _found
+                _set = (max(young, YOUNG), older, oldest)
+                gc.set_threshold(*_set)
+            _open += 1
 
     def started(self) -> None:
         """An instance was started: refreeze once enough were."""
@@ -86,13 +92,16 @@ class FreezePolicy:
     def close(self) -> None:
         """Hand the frozen objects back to the collector (the runtime closed); the last
         policy open puts back the thresholds it found."""
-        global _open, _found
+        global _open, _found, _set
         if self.frozen:
             gc.unfreeze()
             self.frozen = False
-        if self.opened:
+        with _lock:
+            if not self.opened:
+                return
             self.opened = False
             _open -= 1
             if _open == 0 and _found is not None:
-                gc.set_threshold(*_found)
-                _found = None
+                if gc.get_threshold() == _set:  # else the application set its own since
+                    gc.set_threshold(*_found)
+                _found = _set = None

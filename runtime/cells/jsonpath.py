@@ -202,6 +202,8 @@ def _own(value: Any, depth: int) -> Any:
                 owned = _own(v, d)
                 if owned is not v:
                     value[k] = owned  # a key already there: the dict does not grow
+        if LINK in value and is_link(value):  # link-shaped only now: "@link" held a link
+            return _json.dumps(value, sort_keys=True)
         return value
     if t is list:
         if depth >= MAX_NESTING:

@@ -281,9 +281,11 @@ class Runtime:
             try:
                 self.lease.close()  # released while the store is open: others recover at once
             finally:
-                self.store.close()
-                if self.collector is not None:
-                    self.collector.close()
+                try:
+                    self.store.close()
+                finally:  # the collector's thresholds go back whatever the store did
+                    if self.collector is not None:
+                        self.collector.close()
 
     @property
     def errors(self) -> list[tuple[str, BaseException]]:

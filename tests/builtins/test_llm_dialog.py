@@ -10,7 +10,16 @@ import anyio
 import pytest
 from pydantic import BaseModel
 
-from runtime import PatternError, Runtime, cell, handler, lift, llm_dialog, pattern
+from runtime import (
+    PatternError,
+    Runtime,
+    cell,
+    handler,
+    lift,
+    llm_dialog,
+    pattern,
+    tool_result,
+)
 from runtime.llm import Message, Reply, Request, ScriptedModel, call
 
 from ..llm.test_steps import assert_valid_for_both_providers
@@ -731,6 +740,44 @@ async def test_a_system_prompt_edited_mid_turn_goes_with_the_next_step():
     assert [len(r.messages) for r in model.requests] == [1, 3, 5]
     for r in model.requests:
         assert Request.model_validate(r.model_dump()) == r
+
+
+@handler
+def note(event):
+    tool_result().set("noted")
+
+
+async def test_a_link_the_model_nests_in_a_link_shaped_object_is_stored_as_text_too():
+    """``{"@link": {"@link": "/q"}}`` is plain data until its inner link becomes text;
+    then it is link-shaped itself, so it becomes text as well: the history holds no link
+    the model made up, and the next request carries the call as stored, not a None a
+    link that cannot be followed would read as."""
+    @pattern
+    def noter():
+        messages = cell([], name="messages")
+        chat = llm_dialog(messages, builtin_tools=False, tools={
+            "note": {"description": "Note anything.", "handler": note()}})
+        return {"messages": messages, "send": chat.add_message, "error": chat.error}
+
+    nested = {"x": {"@link": {"@link": "/q"}}, "y": [{"@link": {"@link": "/r", "scope": ""}}]}
+    model = ScriptedModel([Reply(tool_calls=[call("note", nested)]), "done", "again"])
+    async with Runtime(model=model) as rt:
+        inst = rt.run(noter)
+        await inst.send("send", "go")
+        await rt.settled()
+        assert inst.result.key("error").get() is None
+        stored = inst.result.key("messages").raw()
+        [use] = [b for b in stored[1]["blocks"] if b["kind"] == "tool_use"]
+        assert use["input"] == {
+            "x": json.dumps({"@link": json.dumps({"@link": "/q"})}, sort_keys=True),
+            "y": [json.dumps({"@link": json.dumps({"@link": "/r", "scope": ""},
+                                                 sort_keys=True)}, sort_keys=True)]}
+        assert inst.result.key("messages").get() == stored  # nothing reads as a link
+        await inst.send("send", "more")
+        await rt.settled()
+        [again] = [b for m in model.requests[-1].messages for b in m.blocks
+                   if getattr(b, "kind", "") == "tool_use"]
+        assert again.input == use["input"]
 
 
 async def test_a_link_the_model_writes_is_stored_as_text_never_as_a_live_link():

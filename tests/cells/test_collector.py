@@ -107,3 +107,64 @@ def test_young_collections_are_rarer_while_a_policy_runtime_is_open() -> None:
         anyio.run(larger)
     finally:
         gc.set_threshold(*found)
+
+
+def test_the_thresholds_go_back_when_the_store_fails_to_close() -> None:
+    from runtime.storage import MemoryStore
+
+    class Failing(MemoryStore):
+        def close(self) -> None:
+            raise OSError("the disk went away")
+
+    found = gc.get_threshold()
+    try:
+        gc.set_threshold(600, 10, 10)
+
+        async def main() -> None:
+            async with Runtime(store=Failing(), freeze_gc=True):
+                assert gc.get_threshold() == (collector.YOUNG, 10, 10)
+
+        with pytest.raises(OSError, match="disk"):
+            anyio.run(main)
+        assert gc.get_threshold() == (600, 10, 10) and collector._open == 0
+    finally:
+        gc.set_threshold(*found)
+
+
+def test_policies_opened_and_closed_in_threads_put_the_thresholds_back() -> None:
+    import sys
+    import threading
+
+    found, interval = gc.get_threshold(), sys.getswitchinterval()
+    try:
+        gc.set_threshold(700, 10, 10)
+        sys.setswitchinterval(1e-6)  # switch threads as often as can be
+
+        def churn() -> None:
+            for _ in range(20_000):
+                policy = collector.FreezePolicy(lambda: 0)
+                policy.open()
+                policy.close()
+
+        threads = [threading.Thread(target=churn) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert gc.get_threshold() == (700, 10, 10) and collector._open == 0
+    finally:
+        sys.setswitchinterval(interval)
+        gc.set_threshold(*found)
+
+
+def test_thresholds_the_application_set_while_a_policy_was_open_stay() -> None:
+    found = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        policy = collector.FreezePolicy(lambda: 0)
+        policy.open()
+        gc.set_threshold(3000, 20, 20)  # the application's own, meanwhile
+        policy.close()
+        assert gc.get_threshold() == (3000, 20, 20)
+    finally:
+        gc.set_threshold(*found)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from runtime import NotJSONError, Runtime, cell, pattern
 from runtime.builtins.dialog_input import inert
-from runtime.cells import own_json
+from runtime.cells import is_link, own_json
 
 LINKISH = st.one_of(
     st.fixed_dictionaries({"@link": st.text(max_size=8)}),
@@ -26,10 +26,22 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=12
                     st.floats(allow_nan=True, allow_infinity=True))
 VALUES = st.recursive(
     st.one_of(SCALARS, LINKISH),
-    lambda inner: st.one_of(st.lists(inner, max_size=4),
-                            st.dictionaries(st.text(max_size=6), inner, max_size=4), LINKISH),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4),
+        LINKISH,
+        # "@link" (or "scope") holding a link: link-shaped once the inner one is text
+        st.fixed_dictionaries({"@link": inner}),
+        st.fixed_dictionaries({"@link": st.text(max_size=4), "scope": inner})),
     max_leaves=20,
 )
+
+
+def _links_in(value: Any) -> bool:
+    if isinstance(value, dict):
+        return is_link(value) or any(_links_in(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_links_in(v) for v in value)
+    return False
 
 
 @pattern(name="owned-lists")
@@ -68,6 +80,7 @@ def test_an_owned_push_stores_what_inert_then_push_stored(value: Any) -> None:
             new = _outcome(lambda: a.push(copy.deepcopy(value), owned=True))
             assert new == old
             assert json.dumps(a.get(), sort_keys=True) == json.dumps(b.get(), sort_keys=True)
+            assert not _links_in(a.raw(copy=False))  # no link the data made up is stored
 
     anyio.run(main)
 
@@ -138,5 +151,9 @@ def test_an_owned_item_is_stored_as_it_is_and_links_in_it_stay_text() -> None:
 
 def test_own_json_of_a_link_shaped_root_is_its_text() -> None:
     assert own_json({"@link": "/a"}) == '{"@link": "/a"}'
+    # link-shaped once its inner link is text: text too (so is inert's)
+    nested = {"@link": {"@link": "/x"}}
+    assert own_json(copy.deepcopy(nested)) == inert(nested) == json.dumps(
+        {"@link": '{"@link": "/x"}'}, sort_keys=True)
     value = {"a": [1, {"@link": "/z"}]}
     assert own_json(value) is value and value == {"a": [1, '{"@link": "/z"}']}
