@@ -377,8 +377,7 @@ class _DialogNode:
         log.warning("%s: recovering turn %s, whose process stopped (its lease expired)",
                     self.node.label, self.state.current_id())
         self._answer_unanswered(INTERRUPTED, {})
-        self.messages.push(Message.text(
-            Role.ASSISTANT, f"{ERROR_PREFIX}: {_INTERRUPTED_TURN}.").model_dump(mode="json"))
+        self._push_message(Message.text(Role.ASSISTANT, f"{ERROR_PREFIX}: {_INTERRUPTED_TURN}."))
         self.state.end(_INTERRUPTED_TURN)
 
     def _answer_unanswered(self, content: str, known: Mapping[str, ToolResult]) -> None:
@@ -387,9 +386,9 @@ class _DialogNode:
         history stays valid for every provider."""
         unanswered = unanswered_calls(_last_step(self.messages))
         if unanswered:
-            self.messages.push(Message(role=Role.USER, blocks=tuple(
+            self._push_message(Message(role=Role.USER, blocks=tuple(
                 known.get(i) or ToolResult(tool_use_id=i, content=content, is_error=True)
-                for i in unanswered)).model_dump(mode="json"))
+                for i in unanswered)))
 
     def _stop(self) -> None:
         """The instance stops: its turn is cancelled as by ``cancel_generation``, so a later
@@ -574,11 +573,10 @@ class _DialogNode:
             why = f"the step's results could not be stored ({e})"
             with rt.transaction():
                 if self._owns(rt, run):
-                    self.messages.push(Message(role=Role.USER, blocks=tuple(
+                    self._push_message(Message(role=Role.USER, blocks=tuple(
                         ToolResult(tool_use_id=b.tool_use_id, content=f"Not stored: {why}.",
                                    is_error=True)
-                        for b in message.blocks if isinstance(b, ToolResult)
-                    )).model_dump(mode="json"))
+                        for b in message.blocks if isinstance(b, ToolResult))))
             run.step.phase = TurnPhase.MODEL
             raise PatternError(why) from None
 
@@ -704,7 +702,7 @@ class _DialogNode:
             # whatever failed on the way, no call is left without its result
             self._answer_unanswered(TOOL_CANCELLED, run.results)
             if text is not None:
-                self.messages.push(Message.text(Role.ASSISTANT, text).model_dump(mode="json"))
+                self._push_message(Message.text(Role.ASSISTANT, text))
             self._end_writes(run, error)
             return True
 
