@@ -30,19 +30,23 @@ peer's ``FunctionModel`` script counts tool returns and returns a ``ModelRespons
 (b) many sessions. N instances of the pattern (``session=f"s{i}"``, memory store), each sent
     one message at once, then one ``await rt.settled()``: each turn 3 model steps (2 tool
     calls, a text), the model awaiting ``anyio.sleep(0.02)`` per call (simulated latency).
-    N = 100 and 4,000 (``--quick``: 1,000), each in its own runtime, set up once (``rt.run``
-    of the N instances and the ``rt.settled()`` after: CPU per instance); then rounds, the
+    N = 100 and 4,000 (``--quick``: 1,000), each in its own runtime, set up (``rt.run`` of
+    the N instances and the ``rt.settled()`` after: CPU per instance); then rounds, the
     collector's mode rotating per round: on (as by default), frozen (``gc.collect();
-    gc.freeze()`` after setup and before the round), off (``gc.disable()`` for the round).
-    Between rounds, untimed, every session's messages and list are emptied. Figure: CPU per
-    step (a round's CPU / (N x 3)), median over the rounds of a mode; the growth is
-    4,000's over 100's. Target: at most 1.25x under the runtime's policy for many
-    sessions, runtimes made with ``Runtime(freeze_gc=True)`` (``docs/runtime.md``; the
-    collector left to it); on (the default), frozen and off are shown beside it (how much
-    of the growth is the cyclic collector). Bound of a round's wall time (informative):
-    max(60 ms, the round's own CPU), as a round whose latency all overlaps takes what its
-    CPU takes on one core; within 1.5x at the big N (at 100 the 3 x 20 ms of latency per
-    session hardly overlaps), every turn finished.
+    gc.freeze()`` after setup and before the round), off (``gc.disable()`` for the round);
+    and runtimes made with ``Runtime(freeze_gc=True)`` (the runtime's policy for many
+    sessions, ``docs/runtime.md``; the collector left to it). Between rounds, untimed,
+    every session's messages and list are emptied. The sizes are measured in 3 pairs
+    (``--quick``: 2), each pair both sizes close together in time (the policy's 100 then
+    its 4,000; then the bench's modes at 4,000 then at 100), so that the machine's speed,
+    which moves by a fifth from minute to minute here, moves both sides of a growth alike.
+    Figures: CPU per step (a round's CPU / (N x 3)), median over a mode's rounds; the
+    growth is the median over the pairs of each pair's 4,000 over its 100. Target: at most
+    1.25x under ``Runtime(freeze_gc=True)``; on (the default), frozen and off are shown
+    beside it (how much of the growth is the cyclic collector). Bound of a round's wall
+    time (informative): max(60 ms, the round's own CPU), as a round whose latency all
+    overlaps takes what its CPU takes on one core; within 1.5x at the big N (at 100 the 3
+    x 20 ms of latency per session hardly overlaps), every turn finished.
 (c) cancel-to-quiet. Send a message, wait until the model call is held (the model blocks
     forever), then time ``await inst.send("cancel", None)`` until ``pending`` reads false and
     ``await rt.settled()`` returns. Median and p99 over the trials, memory and SQLite.
@@ -311,8 +315,9 @@ def has_gc_policy() -> bool:
 
 
 async def sessions(n: int, rounds: int, modes: tuple[str, ...] = GC_MODES) -> dict[str, Any]:
-    """N sessions set up once, then ``rounds`` rounds per collector mode, modes rotating.
-    ``(POLICY,)``: a runtime made with ``freeze_gc=True``, the collector left to it."""
+    """N sessions set up once, then ``rounds`` rounds per collector mode, modes rotating in
+    the order given. ``(POLICY,)``: a runtime made with ``freeze_gc=True``, the collector
+    left to it. Returns the setup CPU per instance and each mode's rounds as measured."""
     model = PrebuiltModel(CONC_TOOLS, delay=LATENCY)
     per_mode: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     options = {"freeze_gc": True} if modes == (POLICY,) else {}
@@ -355,11 +360,47 @@ async def sessions(n: int, rounds: int, modes: tuple[str, ...] = GC_MODES) -> di
                 per_mode[mode].append({"wall": wall, "cpu": cpu, "bad": len(bad),
                                        "first_bad": bad[0] if bad else None,
                                        "calls": model.calls - calls})
+    return {"n": n, "setup_cpu": setup_cpu / n, "rounds": per_mode}
+
+
+def rotated(modes: tuple[str, ...], k: int) -> tuple[str, ...]:
+    """``modes`` starting at the ``k``-th: each mode takes its turn at running first."""
+    k %= len(modes)
+    return modes[k:] + modes[:k]
+
+
+async def session_pairs(small_n: int, big_n: int, small_rounds: int, big_rounds: int,
+                        pairs: int, policy: bool) -> list[dict[str, dict[str, Any]]]:
+    """``pairs`` measurements of both sizes close together in time, so a machine that
+    speeds up or slows down between minutes moves both sides of a growth figure alike
+    (as the peers of (a) alternate blocks). Each pair: the policy's runtime at the small N
+    then the big N (adjacent), then the bench's modes at the big N then the small N; the
+    bench's modes rotate which of them runs first from pair to pair."""
+    out = []
+    for p in range(pairs):
+        pair: dict[str, dict[str, Any]] = {"small": {}, "big": {}}
+        if policy:
+            pair["small"][POLICY] = await sessions(small_n, small_rounds, (POLICY,))
+            pair["big"][POLICY] = await sessions(big_n, big_rounds, (POLICY,))
+        modes = rotated(GC_MODES, p)
+        pair["big"]["gc"] = await sessions(big_n, big_rounds, modes)
+        pair["small"]["gc"] = await sessions(small_n, small_rounds, modes)
+        out.append(pair)
+    return out
+
+
+def summarize(pairs: list[dict[str, dict[str, Any]]], size: str, n: int,
+              modes: list[str]) -> dict[str, Any]:
+    """One size's rounds over every pair, per mode: medians per step, worst rounds."""
     steps = n * (CONC_TOOLS + 1)
     out: dict[str, Any] = {"n": n, "modes": {}}
-    for mode, rs in per_mode.items():
+    for mode in modes:
+        runs = [pair[size][POLICY if mode == POLICY else "gc"] for pair in pairs]
+        rs = [r for run in runs for r in run["rounds"][mode]]
         out["modes"][mode] = {
-            "setup_cpu": setup_cpu / n if mode == modes[0] else None,
+            # the setup of the runtime kind's first mode (one setup serves all its modes)
+            "setup_cpu": (statistics.median(run["setup_cpu"] for run in runs)
+                          if mode in (POLICY, "on") else None),
             "cpu_step": statistics.median(r["cpu"] for r in rs) / steps,
             "wall_step": statistics.median(r["wall"] for r in rs) / steps,
             "wall": statistics.median(r["wall"] for r in rs),
@@ -367,6 +408,18 @@ async def sessions(n: int, rounds: int, modes: tuple[str, ...] = GC_MODES) -> di
             "bad": max(r["bad"] for r in rs),
             "first_bad": next((r["first_bad"] for r in rs if r["first_bad"]), None),
             "calls": max(r["calls"] for r in rs), "rounds": len(rs)}
+    return out
+
+
+def pair_growths(pairs: list[dict[str, dict[str, Any]]], mode: str) -> list[float]:
+    """Each pair's growth in ``mode``: its big N's median CPU per step over its small N's."""
+    key = POLICY if mode == POLICY else "gc"
+    out = []
+    for pair in pairs:
+        small, big = pair["small"][key], pair["big"][key]
+        per_step = [statistics.median(r["cpu"] for r in run["rounds"][mode])
+                    / (run["n"] * (CONC_TOOLS + 1)) for run in (small, big)]
+        out.append(per_step[1] / per_step[0])
     return out
 
 
@@ -648,7 +701,7 @@ async def main_async(args: argparse.Namespace) -> None:
     blocks, block_s, warm_s = (7, 0.1, 0.1) if quick else (7, 0.4, 0.4)
     trials = 50 if quick else 300
     big_n = args.sessions or (1_000 if quick else 4_000)
-    small_rounds, big_rounds = (3, 1) if quick else (7, 3)
+    small_rounds, big_rounds, n_pairs = (2, 1, 2) if quick else (3, 1, 3)
     setup_m = 50 if quick else 200
     summary: list[tuple[str, str, str, str, str, str]] = [
         ("figure", "ours", "peer", "ratio", "target", "met?")]
@@ -711,16 +764,16 @@ async def main_async(args: argparse.Namespace) -> None:
         # (b)
         print(f"\n(b) N sessions at once, memory store, each one turn of {CONC_TOOLS + 1} steps, "
               f"model latency {LATENCY * 1e3:.0f} ms per call; the collector on / frozen after "
-              f"setup / off, rotating per round; {small_rounds} rounds per mode at "
-              f"{SMALL_N:,}, {big_rounds} at {big_n:,}; a round's wall against its own "
-              f"CPU (at least {FLOOR_S * 1e3:.0f} ms), informative:\n")
-        small = await sessions(SMALL_N, small_rounds)
-        big = await sessions(big_n, big_rounds)
-        modes = list(GC_MODES)
-        if has_gc_policy():
-            small["modes"].update((await sessions(SMALL_N, small_rounds, (POLICY,)))["modes"])
-            big["modes"].update((await sessions(big_n, big_rounds, (POLICY,)))["modes"])
-            modes.append(POLICY)
+              f"setup / off, rotating per round, and Runtime(freeze_gc=True) in a runtime of "
+              f"its own; {n_pairs} pairs of {SMALL_N:,} and {big_n:,} sessions measured close "
+              f"together ({small_rounds} rounds per mode at {SMALL_N:,}, {big_rounds} at "
+              f"{big_n:,} per pair); the growth is the median of the pairs' own; a round's "
+              f"wall against its own CPU (at least {FLOOR_S * 1e3:.0f} ms), informative:\n")
+        modes = list(GC_MODES) + ([POLICY] if has_gc_policy() else [])
+        pairs = await session_pairs(SMALL_N, big_n, small_rounds, big_rounds, n_pairs,
+                                    POLICY in modes)
+        small = summarize(pairs, "small", SMALL_N, modes)
+        big = summarize(pairs, "big", big_n, modes)
         rows = [("sessions", "collector", "CPU µs/step", "wall µs/step", "round wall ms",
                  "wall/CPU", "bound ms", "wall/bound", "setup CPU µs/inst", "calls",
                  "unfinished", "")]
@@ -751,14 +804,15 @@ async def main_async(args: argparse.Namespace) -> None:
         if POLICY not in modes:
             print("Runtime() takes no freeze_gc here: the runtime's own GC policy not measured")
         for mode in modes:
-            growth = big["modes"][mode]["cpu_step"] / small["modes"][mode]["cpu_step"]
+            growths = pair_growths(pairs, mode)
+            growth = statistics.median(growths)
             ok = growth <= GROWTH_TARGET
             # judged: the runtime's policy for many sessions (docs/runtime.md), where it
             # exists; the collector left as it is by default otherwise
             counts = mode == (POLICY if POLICY in modes else "on")
             print(f"growth of CPU per step {big_n:,} vs {SMALL_N:,} sessions, collector "
-                  f"{MODE_LABELS[mode]}: {us(big['modes'][mode]['cpu_step'])} / "
-                  f"{us(small['modes'][mode]['cpu_step'])} µs = {growth:.2f}x (target <= "
+                  f"{MODE_LABELS[mode]}: median over the pairs of "
+                  f"{', '.join(f'{g:.2f}' for g in growths)} = {growth:.2f}x (target <= "
                   f"{GROWTH_TARGET}x)   {verdict(ok)}{'' if counts else ' (info)'}")
             judge(f"CPU per step, {big_n:,} vs {SMALL_N:,} sessions, gc {MODE_LABELS[mode]}",
                   f"{us(big['modes'][mode]['cpu_step'])} vs "
