@@ -161,7 +161,7 @@ class Assembler:
             raise self._bad("ended without a stop event")
         blocks: dict[int, Block] = {}
         for i, parts in self._texts.items():
-            blocks[i] = TextBlock(text=scrub_text("".join(parts)))
+            blocks[i] = made(TextBlock, kind="text", text=scrub_text("".join(parts)))
         for i, (cid, name, parts) in self._calls.items():
             raw = "".join(parts).strip() or "{}"
             name = scrub_text(name)
@@ -176,7 +176,12 @@ class Assembler:
                 # JSON text that is ASCII without a \u escape cannot decode to a surrogate
                 if not raw.isascii() or "\\u" in raw:
                     args = scrub(args)
-                blocks[i] = ToolUse(id=scrub_text(cid), name=name, input=args)
+                # made, not validated again: the id and name are scrubbed strings, the
+                # arguments a JSON object freshly decoded (refusing what is not JSON) and
+                # scrubbed, so what the constructor would check (Unicode text, a JSON
+                # object) holds already; its copy of the arguments would be the only one
+                blocks[i] = made(ToolUse, kind="tool_use", id=scrub_text(cid), name=name,
+                                 input=args)
             except RecursionError:
                 raise LLMError(f"malformed reply: {which}: its arguments nest too deeply to "
                                "parse", fault=Fault.TERMINAL, provider=self._provider) from None

@@ -72,3 +72,42 @@ def test_the_assembler_gives_back_the_response_its_events_describe() -> None:
             asm.feed(event)
         assert asm.response() == response
         assert asm.response().model_dump_json() == response.model_dump_json()
+
+
+def _assembled(*events: object) -> Response:
+    asm = Assembler("test")
+    for event in events:
+        asm.feed(event)  # type: ignore[arg-type]
+    return asm.response()
+
+
+@pytest.mark.parametrize("arguments,expected", [
+    ('{"title": "x", "n": [1, 2.5, null, true], "o": {"k": {}}}',
+     {"title": "x", "n": [1, 2.5, None, True], "o": {"k": {}}}),
+    ('{"t": "h\\u00e9llo \\u2028 \\u0000"}', {"t": "héllo \u2028 \x00"}),
+    ('{"t": "a\\ud800b", "\\udfff": 1}', {"t": "a\ufffdb", "\ufffd": 1}),  # scrubbed
+    ('  ', {}),
+])
+def test_the_assembler_makes_the_blocks_the_constructors_make(arguments: str,
+                                                              expected: dict) -> None:
+    """The reply's text and call blocks are made, not validated again: each is the block the
+    constructor makes of the same (decoded, scrubbed) parts, and passes it again."""
+    from runtime.llm.events import Stop, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+    response = _assembled(
+        TextDelta(index=0, text="é\ud800"),
+        ToolCallStart(index=1, id="c\udc00", name="add\ud800item"),
+        ToolCallDelta(index=1, arguments=arguments),
+        ToolCallEnd(index=1),
+        Stop(stop_reason=StopReason.TOOL_USE))
+    text, use = response.message.blocks
+    assert type(text) is TextBlock and type(use) is ToolUse
+    assert text == TextBlock(text="é\ufffd")
+    assert use == ToolUse(id="c\ufffd", name="add\ufffditem", input=expected)
+    for mine in (text, use):
+        again = type(mine).model_validate(mine.model_dump(mode="json"))
+        assert again == mine and mine == again
+        assert mine.model_dump_json() == again.model_dump_json()
+        assert pickle.loads(pickle.dumps(mine)) == mine and copy.deepcopy(mine) == mine
+        with pytest.raises(Exception, match="frozen"):
+            mine.kind = "x"  # type: ignore[misc]
+    assert Message.model_validate(response.message.model_dump()) == response.message
