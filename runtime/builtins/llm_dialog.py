@@ -406,8 +406,8 @@ class _DialogNode:
 
     async def _run(self, rt: Runtime, turn_id: str) -> None:
         rt.lease.hold()
-        run = self._runs[turn_id] = _TurnRun(turn_id, StepCommit(rt),
-                                             PartialText(self.state, rt.clock()))
+        run = self._runs[turn_id] = _TurnRun(turn_id, StepCommit(rt), PartialText(
+            self.state, rt.clock(), trails=True))
         try:
             model = model_for(self.node.label, "llm_dialog", self.model, rt)
             run.management = Management(rt, pins=self.pins, space=self.node.space,
@@ -446,10 +446,12 @@ class _DialogNode:
                 on_tool_result=lambda result: run.results.__setitem__(result.tool_use_id,
                                                                       result),
             )
-            async with run.text.trailing(rt, turn_id):
+            try:
                 outcome = await run_steps(model, build, execute=self._execute(rt, run),
                                           history=history, sink=sink,
                                           max_steps=self.max_steps, arguments_ok=_fits)
+            finally:
+                run.text.stop()
             self._finish(rt, run, outcome)
         except _TurnLost:
             log.info("%s: turn %s was cancelled or taken over elsewhere; it stops",

@@ -21,13 +21,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
-
-from ..cells import BuiltinNode, Cell, Runtime, computed
+from ..cells import BuiltinNode, Cell, Runtime, Timer, computed
 from ..llm.errors import cap_message
 
 __all__ = ["PARTIAL_INTERVAL", "PartialText", "TurnState", "log_failed_turn"]
@@ -121,26 +117,34 @@ class TurnState:
 
 class PartialText:
     """Streamed text of one turn, flushed into ``partial`` a few times a second (each flush
-    appends only what arrived since the last one). Text held back by the interval is
-    written at most ``PARTIAL_INTERVAL`` later even if nothing follows it (``trailing``): a
-    model that pauses mid-reply has shown all it sent."""
+    appends only what arrived since the last one). With ``trails``, text held back by the
+    interval is written at most ``PARTIAL_INTERVAL`` later even if nothing follows it: a
+    model that pauses mid-reply has shown all it sent.
 
-    __slots__ = ("flushed", "held", "last", "state", "unflushed")
+    That trailing flush is a timer (``Runtime.call_later``) set when text is first held
+    back, not a task waiting beside every turn: most steps stream no text, or end within
+    the interval (their reply's commit shows the text), and a task group, a task and an
+    event per turn were about a twentieth of a dialog step's instructions
+    (``bench/dialog_instructions.py``). ``stop()`` cancels it with the turn's stream."""
 
-    def __init__(self, state: TurnState, now: float) -> None:
+    __slots__ = ("flushed", "last", "state", "trailer", "trails", "unflushed")
+
+    def __init__(self, state: TurnState, now: float, *, trails: bool = False) -> None:
         self.state = state
         self.unflushed: list[str] = []
         self.flushed = False  # this step wrote into `partial`
         self.last = now
-        self.held: anyio.Event | None = None  # set while text waits for the interval
+        self.trails = trails  # False: held text waits for the next delta or the step's end
+        self.trailer: Timer | None = None  # the flush of held text, while it waits
 
     def feed(self, rt: Runtime, turn_id: str, delta: str) -> None:
         self.unflushed.append(delta)
         now = rt.clock()
-        if now - self.last < PARTIAL_INTERVAL:
-            if self.held is not None:
-                self.held.set()  # coarsened: the trailing flush writes it if nothing follows
-            return  # a few writes a second, not one per token
+        if now - self.last < PARTIAL_INTERVAL:  # a few writes a second, not one per token
+            if self.trailer is None and self.trails:
+                self.trailer = rt.call_later(PARTIAL_INTERVAL,
+                                             lambda: self._trail(rt, turn_id))
+            return
         self._flush(rt, turn_id, now)
 
     def _flush(self, rt: Runtime, turn_id: str, now: float) -> None:
@@ -154,33 +158,20 @@ class PartialText:
                 self.state.chunks.push(piece)
                 self.flushed = True
 
-    @asynccontextmanager
-    async def trailing(self, rt: Runtime, turn_id: str) -> AsyncIterator[None]:
-        """While the block runs, text held back is flushed ``PARTIAL_INTERVAL`` after it
-        arrived. The block's own exception leaves as itself, not in a group."""
-        failure: BaseException | None = None
-        self.held = anyio.Event()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._trail, rt, turn_id)
-            try:
-                yield
-            except BaseException as e:  # re-raised below, bare
-                failure = e
-            finally:
-                tg.cancel_scope.cancel()
-                self.held = None
-        if failure is not None:
-            raise failure
+    def _trail(self, rt: Runtime, turn_id: str) -> None:
+        """Text was held back ``PARTIAL_INTERVAL`` ago: write what is still held (a flush
+        of the stream, or the step's reply, may have taken it meanwhile)."""
+        self.trailer = None  # text held back after this sets another
+        try:
+            self._flush(rt, turn_id, rt.clock())
+        except Exception as e:  # the turn's own next write meets the same failure
+            logging.getLogger("celldialog").debug("a trailing flush failed: %s", e)
 
-    async def _trail(self, rt: Runtime, turn_id: str) -> None:
-        while self.held is not None:
-            await self.held.wait()
-            await anyio.sleep(PARTIAL_INTERVAL)
-            self.held = anyio.Event()
-            try:
-                self._flush(rt, turn_id, rt.clock())
-            except Exception as e:  # the turn's own next write meets the same failure
-                logging.getLogger("celldialog").debug("a trailing flush failed: %s", e)
+    def stop(self) -> None:
+        """The turn's stream ended (or was cut short): no flush of held text waits."""
+        trailer, self.trailer = self.trailer, None
+        if trailer is not None:
+            trailer.cancel()
 
     def reset(self) -> None:
         """Inside a transaction: a new step streams afresh."""

@@ -57,6 +57,7 @@ from .registry import PATTERN_REF
 from .runtime import Instance, Runtime, current_instance, current_runtime
 from .schema import SchemaLike, asks_for_link, subschema, to_json_schema, validate
 from .scope import Scope
+from .timers import Timer
 
 __all__ = [
     "MISSING",
@@ -87,6 +88,7 @@ __all__ = [
     "Stream",
     "StreamError",
     "TextByObject",
+    "Timer",
     "Transaction",
     "UsageError",
     "WriteInComputationError",

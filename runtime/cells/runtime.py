@@ -39,6 +39,7 @@ from .pattern import Builder, Pattern, _builder
 from .registry import PATTERN_REF, Registry
 from .scheduler import MAX_CHAIN, Scheduler, running_stream
 from .scope import Scope
+from .timers import Timer, Timers
 
 __all__ = ["PATTERN_REF", "Instance", "Runtime", "current_instance", "current_runtime"]
 
@@ -188,6 +189,8 @@ class Runtime:
         self._tg: TaskGroup | None = None
         self._state = _State.NEW
         self._inflight = 0
+        self._timers = Timers(self.docs.report)
+        self._timing = False  # the timers' task runs (started with the first timer)
         self.collector = FreezePolicy(lambda: len(self._running)) if freeze_gc else None
 
     # -- lifecycle -------------------------------------------------------------------
@@ -605,6 +608,20 @@ class Runtime:
         work, self._work = self._work, None
         if work is not None:
             work.set()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+        """Call ``fn()`` (synchronous) ``delay`` seconds from now (the event loop's clock,
+        not ``clock``) in the runtime's one timer task, unless the ``Timer`` returned is
+        cancelled first. For work that may be wanted a moment later and usually is not (a
+        timer is a heap entry, not a task): it is not work ``settled()`` waits for, so
+        whoever starts one cancels it once it is not wanted. An error it raises is
+        reported in ``errors``."""
+        self._check_running("call_later()")
+        if not self._timing:
+            assert self._tg is not None
+            self._timing = True
+            self._tg.start_soon(self._timers.run, name="celldialog timers")
+        return self._timers.call_later(delay, fn)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any,
               owner: Instance | None = None, name: str = "task") -> anyio.CancelScope:

@@ -1,0 +1,92 @@
+"""Calls at a later time, kept by one task per runtime (``Runtime.call_later``).
+
+Work that may have to happen a moment later, and usually does not (text a dialog held back
+to write a few times a second is written by its reply's commit long before the moment
+comes), should not cost a task each time: a task, its cancel scope and the event it waits
+on were about a twentieth of a dialog step's instructions. A ``Timer`` is one entry in a
+heap; one task per runtime sleeps until the earliest is due and calls what is due, in
+order. A cancelled timer stays in the heap, emptied, until its time comes.
+
+Times are the event loop's (``anyio.current_time()``): real seconds, not the runtime's
+injectable ``clock``. Timers are not work that ``Runtime.settled()`` waits for: whoever
+starts one is running, and cancels it when it stops needing it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+
+import anyio
+
+__all__ = ["Timer", "Timers"]
+
+
+class Timer:
+    """A call due at ``deadline`` (``anyio.current_time()``), until ``cancel()``."""
+
+    __slots__ = ("deadline", "fn")
+
+    def __init__(self, deadline: float, fn: Callable[[], None]) -> None:
+        self.deadline = deadline
+        self.fn: Callable[[], None] | None = fn
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled, or called already: it will not be called (again)."""
+        return self.fn is None
+
+    def cancel(self) -> None:
+        """Do not call it. Idempotent; what it would have called is let go now."""
+        self.fn = None
+
+
+class Timers:
+    """The heap of one runtime's timers and the task that calls them (``run``)."""
+
+    __slots__ = ("_heap", "_report", "_seq", "_wake")
+
+    def __init__(self, report: Callable[[BaseException, str], None]) -> None:
+        self._heap: list[tuple[float, int, Timer]] = []
+        self._seq = itertools.count()  # ties in time go in the order they were asked
+        self._report = report  # where a failing call is told (the runtime's errors)
+        self._wake: anyio.Event | None = None  # set when a timer is due sooner than awaited
+
+    def __len__(self) -> int:
+        """Timers in the heap (cancelled ones included until their time)."""
+        return len(self._heap)
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+        if not delay >= 0 or delay == math.inf:  # NaN and infinity included
+            raise ValueError(f"call_later() takes a finite delay of 0 seconds or more, "
+                             f"got {delay!r}")
+        timer = Timer(anyio.current_time() + delay, fn)
+        heap = self._heap
+        sooner = not heap or timer.deadline < heap[0][0]
+        heapq.heappush(heap, (timer.deadline, next(self._seq), timer))
+        if sooner and (wake := self._wake) is not None:
+            wake.set()
+        return timer
+
+    async def run(self) -> None:
+        """Call every timer when it is due, for the runtime's life (cancelled at close)."""
+        heap = self._heap
+        while True:
+            self._wake = None  # calls below may add timers: looked at before sleeping
+            now = anyio.current_time()
+            while heap and heap[0][0] <= now:
+                timer = heapq.heappop(heap)[2]
+                fn, timer.fn = timer.fn, None
+                if fn is not None:
+                    try:
+                        fn()
+                    except Exception as e:
+                        self._report(e, "a timer's call (Runtime.call_later)")
+            wake = self._wake = anyio.Event()
+            if heap:
+                with anyio.move_on_after(heap[0][0] - now):
+                    await wake.wait()
+            else:
+                await wake.wait()
