@@ -82,6 +82,10 @@ class ProcessLease:
         self._held = 0
         self._given_up: set[str] = set()  # holders this lease moved away from: never live
         self._wake: anyio.Event | None = None  # the keeper's, while it waits
+        # the keeper waits with no renewal due (no turn was held): a first hold wakes it.
+        # Otherwise it wakes at the renewal anyway, and renews if a turn is held then, so a
+        # turn starting after the last one ended costs no wake (hold() renews if short)
+        self._idle = False
         self._keeping = False
         self._state = _State.OPEN
 
@@ -122,7 +126,7 @@ class ProcessLease:
         holder id to record in the turn. Pair it with exactly one ``drop()``."""
         holder = self.ensure()
         self._held += 1
-        if self._held == 1:
+        if self._held == 1 and self._idle:  # a keeper waiting for a renewal wakes then
             self._poke()
         return holder
 
@@ -175,11 +179,13 @@ class ProcessLease:
                             return
                         continue
                 wake = self._wake = anyio.Event()
+                self._idle = wait == math.inf
                 with anyio.move_on_after(wait):
                     await wake.wait()
         finally:
             self._keeping = False
             self._wake = None
+            self._idle = False
 
     def _tick(self) -> bool:
         """One renewal by the keeper; False: the store is closed, nothing left to keep."""

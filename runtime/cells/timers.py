@@ -5,7 +5,10 @@ to write a few times a second is written by its reply's commit long before the m
 comes), should not cost a task each time: a task, its cancel scope and the event it waits
 on were about a twentieth of a dialog step's instructions. A ``Timer`` is one entry in a
 heap; one task per runtime sleeps until the earliest is due and calls what is due, in
-order. A cancelled timer stays in the heap, emptied, until its time comes.
+order. A cancelled timer stays in the heap, emptied, until it comes first when the task
+goes to sleep (then it is dropped, not slept for) or its time comes: timers set and
+cancelled a few milliseconds later, turn after turn, wake the task about once per delay,
+not once per timer.
 
 Times are the event loop's (``anyio.current_time()``): real seconds, not the runtime's
 injectable ``clock``. Timers are not work that ``Runtime.settled()`` waits for: whoever
@@ -84,6 +87,8 @@ class Timers:
                         fn()
                     except Exception as e:
                         self._report(e, "a timer's call (Runtime.call_later)")
+            while heap and heap[0][2].fn is None:  # cancelled: no reason to wake for it
+                heapq.heappop(heap)
             wake = self._wake = anyio.Event()
             if heap:
                 with anyio.move_on_after(heap[0][0] - now):

@@ -164,6 +164,30 @@ async def test_the_keeper_keeps_a_held_lease_alive_past_several_ttls(store: Stor
     assert store.lease_remaining(holder) is None and not lease.valid()
 
 
+async def test_a_turn_held_after_another_ended_is_kept_alive_too(store: Store) -> None:
+    """A turn that starts while the keeper waits for its next renewal (the last turn ended
+    a moment ago) does not wake it, and is kept alive by that renewal and the next ones;
+    a turn that starts while the keeper waits with nothing held wakes it."""
+    rec = Recording(store)
+    lease = ProcessLease(rec, ttl=0.3)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lease.keep)
+        while not lease._idle:  # the keeper waits, nothing held
+            await anyio.lowlevel.checkpoint()
+        holder = lease.hold()  # wakes it
+        while lease._idle or lease._wake is None:  # it waits for the renewal now
+            await anyio.lowlevel.checkpoint()
+        lease.drop()
+        waiting = lease._wake
+        assert lease.hold() == holder  # the next turn, a moment later: no wake
+        assert lease._wake is waiting and not waiting.is_set()
+        for _ in range(4):  # several deadlines in a row, each pushed back by the keeper
+            await anyio.sleep(remaining(store, holder))
+            assert remaining(store, holder) > 0 and lease.valid(holder)
+        assert set(rec.renewals) == {holder} and len(rec.renewals) >= 3
+        lease.close()
+
+
 async def test_a_dropped_lease_is_not_renewed_and_expires(stores: tuple[Store, Store]) -> None:
     store, other_store = stores
     rec = Recording(store)
