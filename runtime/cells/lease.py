@@ -82,9 +82,10 @@ class ProcessLease:
         self._held = 0
         self._given_up: set[str] = set()  # holders this lease moved away from: never live
         self._wake: anyio.Event | None = None  # the keeper's, while it waits
-        # the keeper waits with no renewal due (no turn was held): a first hold wakes it.
-        # Otherwise it wakes at the renewal anyway, and renews if a turn is held then, so a
-        # turn starting after the last one ended costs no wake (hold() renews if short)
+        # the keeper waits with no renewal to come (no turn held since the last one): a
+        # first hold wakes it. Otherwise it wakes at the renewal time anyway and renews if
+        # a turn is held then, so a turn starting after the last one ended (turn after turn)
+        # costs no wake (hold() renews at once if the lease runs short)
         self._idle = False
         self._keeping = False
         self._state = _State.OPEN
@@ -178,6 +179,10 @@ class ProcessLease:
                         if not self._tick():
                             return
                         continue
+                elif (due := self._next - self._clock()) > 0:
+                    # the last turn ended before its renewal came: wait for that time as if
+                    # one were held (a turn starting meanwhile needs no wake), idle after
+                    wait = due
                 wake = self._wake = anyio.Event()
                 self._idle = wait == math.inf
                 with anyio.move_on_after(wait):
