@@ -602,12 +602,18 @@ class Runtime:
             await changed.wait()
 
     def _poke(self) -> None:
-        changed, self._changed = self._changed, None
-        if changed is not None:
-            changed.set()
+        """Events were queued (the pump drains them) or something else changed."""
+        self._poke_settled()
         work, self._work = self._work, None
         if work is not None:
             work.set()
+
+    def _poke_settled(self) -> None:
+        """What ``settled()`` waits for changed (work in flight ended): the pump, whose
+        events arrive through ``_poke``, sleeps on."""
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
         """Call ``fn()`` (synchronous) ``delay`` seconds from now (the event loop's clock,
@@ -659,7 +665,7 @@ class Runtime:
                 self._inflight -= 1
                 if owner is not None and scope in owner._scopes:
                     owner._scopes.remove(scope)
-                self._poke()
+                self._poke_settled()
 
         self._tg.start_soon(tracked, name=name)
 
