@@ -6,9 +6,8 @@ comes), should not cost a task each time: a task, its cancel scope and the event
 on were about a twentieth of a dialog step's instructions. A ``Timer`` is one entry in a
 heap; one task per runtime sleeps until the earliest is due and calls what is due, in
 order. A cancelled timer stays in the heap, emptied, until it comes first when the task
-goes to sleep (then it is dropped, not slept for) or its time comes: timers set and
-cancelled a few milliseconds later, turn after turn, wake the task about once per delay,
-not once per timer.
+goes to sleep (then it is dropped) or its time comes: timers set and cancelled a few
+milliseconds later, turn after turn, wake the task about once per delay, not once each.
 
 Times are the event loop's (``anyio.current_time()``): real seconds, not the runtime's
 injectable ``clock``. Timers are not work that ``Runtime.settled()`` waits for: whoever
@@ -49,16 +48,17 @@ class Timer:
 class Timers:
     """The heap of one runtime's timers and the task that calls them (``run``)."""
 
-    __slots__ = ("_heap", "_report", "_seq", "_wake")
+    __slots__ = ("_heap", "_report", "_seq", "_until", "_wake")
 
     def __init__(self, report: Callable[[BaseException, str], None]) -> None:
         self._heap: list[tuple[float, int, Timer]] = []
         self._seq = itertools.count()  # ties in time go in the order they were asked
         self._report = report  # where a failing call is told (the runtime's errors)
-        self._wake: anyio.Event | None = None  # set when a timer is due sooner than awaited
+        self._wake: anyio.Event | None = None  # set when a timer is due before ``_until``
+        self._until = math.inf  # when the task wakes by itself
 
     def __len__(self) -> int:
-        """Timers in the heap (cancelled ones included until their time)."""
+        """Timers in the heap (cancelled ones included until they are dropped)."""
         return len(self._heap)
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
@@ -66,10 +66,8 @@ class Timers:
             raise ValueError(f"call_later() takes a finite delay of 0 seconds or more, "
                              f"got {delay!r}")
         timer = Timer(anyio.current_time() + delay, fn)
-        heap = self._heap
-        sooner = not heap or timer.deadline < heap[0][0]
-        heapq.heappush(heap, (timer.deadline, next(self._seq), timer))
-        if sooner and (wake := self._wake) is not None:
+        heapq.heappush(self._heap, (timer.deadline, next(self._seq), timer))
+        if timer.deadline < self._until and (wake := self._wake) is not None:
             wake.set()
         return timer
 
@@ -87,11 +85,17 @@ class Timers:
                         fn()
                     except Exception as e:
                         self._report(e, "a timer's call (Runtime.call_later)")
-            while heap and heap[0][2].fn is None:  # cancelled: no reason to wake for it
-                heapq.heappop(heap)
+            # cancelled timers first in line are dropped, not slept for; if none is left,
+            # the task still sleeps until the last one's time, so timers asked for meanwhile
+            # with the same delay (turn after turn) wake it once per delay, not each
+            until = math.inf
+            while heap and heap[0][2].fn is None:
+                until = heapq.heappop(heap)[0]
+            self._until = heap[0][0] if heap else until
             wake = self._wake = anyio.Event()
-            if heap:
-                with anyio.move_on_after(heap[0][0] - now):
+            if self._until < math.inf:
+                with anyio.move_on_after(self._until - now):
                     await wake.wait()
             else:
                 await wake.wait()
+            self._until = math.inf

@@ -82,3 +82,21 @@ async def test_call_later_needs_a_running_runtime() -> None:
         pass
     with pytest.raises(ClosedError, match="after the runtime closed"):
         rt.call_later(1, lambda: None)
+
+
+async def test_a_timer_due_before_the_time_the_task_sleeps_to_wakes_it() -> None:
+    """The task drops a cancelled timer first in line but sleeps until its time (so that
+    timers of the same delay asked for meanwhile wake nobody): one due sooner wakes it."""
+    done = anyio.Event()
+    async with Runtime() as rt:
+        started = anyio.Event()
+        rt.call_later(0.0, started.set)
+        with anyio.fail_after(5):
+            await started.wait()
+        rt.call_later(600, lambda: None).cancel()
+        while len(rt._timers):  # the task woke, dropped it, and sleeps until its time
+            await anyio.lowlevel.checkpoint()
+        assert rt._timers._until > 500
+        rt.call_later(0.01, done.set)
+        with anyio.fail_after(5):
+            await done.wait()
