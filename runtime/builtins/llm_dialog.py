@@ -277,6 +277,7 @@ class _DialogNode:
         self._rt: Runtime | None = None  # known once a turn was accepted here
         self._ending: set[str] = set()  # turns of this process ending by their own commit
         self.typed = TypedHistory()  # the history as messages, kept from turn to turn
+        self._management: Management | None = None  # made for the first turn (_manager)
         node.on_stop(self._stop)
         # ``turn`` changes with every start, end, cancel or takeover (``pending`` is written
         # with it, in one commit): one sink sees them all. A write of ``pending`` alone (a
@@ -311,6 +312,16 @@ class _DialogNode:
         self._push_message(message)
         self._scopes[turn_id] = self.node.spawn(self._run, rt, turn_id,
                                                 name=f"{self.node.label} turn")
+
+    def _manager(self, rt: Runtime) -> Management:
+        """The dialog's management tools: made once (they keep nothing between calls but
+        where the dialog lives), not at every turn."""
+        manager = self._management
+        if manager is None or manager.rt is not rt:
+            manager = self._management = Management(
+                rt, pins=self.pins, space=self.node.space, own_streams=self.own_streams,
+                scope=self.node.scope.key)
+        return manager
 
     def _owner_alive(self, rt: Runtime) -> bool:
         """Is the pending turn's owner alive? Another process: its lease says. This one:
@@ -348,10 +359,7 @@ class _DialogNode:
         path = event["path"]
         if isinstance(path, Cell):  # the schema asks for a cell: it arrives live
             path = path.link()
-        rt = current_runtime()
-        manager = Management(rt, pins=self.pins, space=self.node.space,
-                             scope=self.node.scope.key)
-        manager.pin_from_pattern(path, event.get("name"))
+        self._manager(current_runtime()).pin_from_pattern(path, event.get("name"))
 
     def _on_unpin_all(self, event: Any) -> None:
         self.pins.set([])
@@ -410,9 +418,7 @@ class _DialogNode:
             self.state, rt.clock(), trails=True))
         try:
             model = model_for(self.node.label, "llm_dialog", self.model, rt)
-            run.management = Management(rt, pins=self.pins, space=self.node.space,
-                                        own_streams=self.own_streams,
-                                        scope=self.node.scope.key)
+            run.management = self._manager(rt)
             history = self.typed.load_cell(self.messages)
             stable = len(history)
             tools = tuple(s.tool for s in self.catalog.values())

@@ -212,14 +212,10 @@ class Management:
         self.base = DocKey(self.space, scope, "")
         self.read_limit = read_limit
         self.own_streams = own_streams  # the dialog's own inputs: never sent to by its model
-        self._tools: dict[str, Callable[[dict[str, Any]], Awaitable[ToolOutcome]]] = {
-            "read": self._read, "invoke": self._invoke, "schema": self._schema,
-            "pin": self._pin, "unpin": self._unpin, "updateArgument": self._update_argument,
-        }
 
     async def call(self, name: str, args: dict[str, Any]) -> ToolOutcome:
         """Run the tool ``name`` with the model's ``args``. Never raises for a bad call."""
-        tool = self._tools.get(name) if isinstance(name, str) else None
+        tool = _TOOLS.get(name) if isinstance(name, str) else None
         if tool is None:
             return ToolOutcome(f"Unknown management tool {_short(name)}; they are "
                                f"{', '.join(MANAGEMENT_TOOL_NAMES)}.", True)
@@ -227,7 +223,7 @@ class Management:
             return ToolOutcome(f"{name} takes an object of arguments, got "
                                f"{type(args).__name__}. Call it as {_USAGE[name]}.", True)
         try:
-            return await tool(args)
+            return await tool(self, args)
         except _Refused as e:
             return ToolOutcome(f"{e} Call {name} as {_USAGE[name]}.", True)
         except Exception as e:  # never an exception escaping to the model's loop
@@ -772,6 +768,13 @@ class Management:
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+_TOOLS: dict[str, Callable[[Management, dict[str, Any]], Awaitable[ToolOutcome]]] = {
+    "read": Management._read, "invoke": Management._invoke, "schema": Management._schema,
+    "pin": Management._pin, "unpin": Management._unpin,
+    "updateArgument": Management._update_argument,
+}  # the tools by name: one table, not a dict of bound methods per Management
 
 
 def _one_line(name: str) -> str:
