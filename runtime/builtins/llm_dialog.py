@@ -279,10 +279,7 @@ class _DialogNode:
         self.typed = TypedHistory()  # the history as messages, kept from turn to turn
         self._management: Management | None = None  # made for the first turn (_manager)
         node.on_stop(self._stop)
-        # ``turn`` changes with every start, end, cancel or takeover (``pending`` is written
-        # with it, in one commit): one sink sees them all. A write of ``pending`` alone (a
-        # user's) stops a turn here at its next write instead, which reads both (``owns``)
-        node.on_stop(self.state.turn.sink(lambda _: self._stop_lost_turns()))
+        self._watching = False  # _stop_lost_turns watches ``turn`` (from the first turn here)
 
     # -- the streams (handlers: synchronous, one transaction each) -------------------
 
@@ -413,6 +410,15 @@ class _DialogNode:
     # -- a turn ----------------------------------------------------------------------
 
     async def _run(self, rt: Runtime, turn_id: str) -> None:
+        if not self._watching:
+            # from the first turn this process runs here: ``turn`` changes with every
+            # start, end, cancel or takeover (``pending`` is written with it, in one
+            # commit), and one sink sees them all (it runs now too: a turn lost before it
+            # began stops at once). A write of ``pending`` alone (a user's) stops a turn
+            # here at its next write instead, which reads both (``owns``). An instance
+            # that never runs a turn here (most sessions a server starts) makes none
+            self._watching = True
+            self.node.on_stop(self.state.turn.sink(lambda _: self._stop_lost_turns()))
         rt.lease.hold()
         run = self._runs[turn_id] = _TurnRun(turn_id, StepCommit(rt), PartialText(
             self.state, rt.clock(), trails=True))
