@@ -7,6 +7,7 @@ instance it runs for with ``current_runtime()`` / ``current_instance()``.
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
@@ -624,9 +625,13 @@ class Runtime:
         reported in ``errors``."""
         self._check_running("call_later()")
         if not self._timing:
-            assert self._tg is not None
+            if self._tg is None:  # the runtime is closing: its tasks are being cancelled
+                raise ClosedError("call_later() while the runtime closes")
             self._timing = True
-            self._tg.start_soon(self._timers.run, name="celldialog timers")
+            # in a context of its own: a task copies its starter's context variables, and
+            # the first timer may be set inside a handler (its transaction, its stream)
+            contextvars.Context().run(self._tg.start_soon, self._timers.run,
+                                      name="celldialog timers")
         return self._timers.call_later(delay, fn)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any,

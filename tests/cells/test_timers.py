@@ -100,3 +100,90 @@ async def test_a_timer_due_before_the_time_the_task_sleeps_to_wakes_it() -> None
         rt.call_later(0.01, done.set)
         with anyio.fail_after(5):
             await done.wait()
+
+
+async def test_a_timer_runs_in_a_context_of_its_own_not_the_first_setters() -> None:
+    """The timers' task starts with the first ``call_later``; if that came from a handler,
+    the task must not carry the handler's transaction: a later timer's writes and events
+    land (they were refused, or silently lost, before)."""
+    from runtime import cell, current_runtime, handler, pattern
+
+    @handler
+    def arm(event: None, seen):
+        current_runtime().call_later(0.0, lambda: None)  # the first timer: in a handler
+        seen.set(seen.get() + 1)
+
+    @handler
+    def add(event: str, items):
+        items.push(event)
+
+    @pattern
+    def box():
+        items = cell([], name="items")
+        seen = cell(0, name="seen")
+        return {"items": items, "seen": seen, "arm": arm(seen=seen), "add": add(items=items)}
+
+    done = anyio.Event()
+    async with Runtime() as rt:
+        inst = rt.run(box)
+        await inst.send("arm", None)
+        items, add_stream = inst.result.key("items"), inst.stream("add")
+
+        def later() -> None:
+            with rt.transaction():
+                items.push("written")
+            add_stream.send("sent")  # queued from outside a handler
+            done.set()
+
+        rt.call_later(0.0, later)
+        with anyio.fail_after(5):
+            await done.wait()
+        await rt.settled()
+        assert items.get() == ["written", "sent"] and rt.errors == []
+
+
+async def test_cancelled_timers_do_not_pile_up_in_the_heap() -> None:
+    """A long delay set and cancelled again and again (an idle timeout re-armed): the heap
+    is rebuilt without them once most of it is cancelled."""
+    async with Runtime() as rt:
+        keep = rt.call_later(600, lambda: None)
+        for _ in range(10_000):
+            rt.call_later(600, lambda: None).cancel()
+        assert len(rt._timers) <= 2 * rt._timers.COMPACT_AT + 1
+        assert not keep.cancelled
+
+
+async def test_an_async_function_is_refused_when_called_not_left_unawaited() -> None:
+    done = anyio.Event()
+    ran: list[str] = []
+
+    async def work() -> None:  # pragma: no cover - never awaited, by design
+        ran.append("work")
+
+    async with Runtime() as rt:
+        rt.call_later(0.0, work)  # type: ignore[arg-type]
+        rt.call_later(0.01, done.set)
+        with anyio.fail_after(5):
+            await done.wait()
+        assert ran == []
+        [(where, error)] = rt.errors
+        assert "call_later" in where
+        assert isinstance(error, TypeError) and "rt.spawn()" in str(error)
+
+
+async def test_call_later_while_the_runtime_closes_is_a_closed_error() -> None:
+    raised: list[BaseException] = []
+
+    async def work() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:  # cancelled by the runtime's close
+            try:
+                rt.call_later(1, lambda: None)
+            except Exception as e:  # what it raises is the point
+                raised.append(e)
+
+    async with Runtime() as rt:
+        rt.spawn(work)
+        await anyio.lowlevel.checkpoint()
+    assert [type(e) for e in raised] == [ClosedError]
