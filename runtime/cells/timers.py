@@ -8,6 +8,7 @@ heap; one task per runtime sleeps until the earliest is due and calls what is du
 order. A cancelled timer stays in the heap, emptied, until it comes first when the task
 goes to sleep (then it is dropped) or its time comes: timers set and cancelled a few
 milliseconds later, turn after turn, wake the task about once per delay, not once each.
+When cancelled timers are most of a large heap, it is rebuilt without them.
 
 Times are the event loop's (``anyio.current_time()``): real seconds, not the runtime's
 injectable ``clock``. Timers are not work that ``Runtime.settled()`` waits for: whoever
