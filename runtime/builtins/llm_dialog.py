@@ -1,7 +1,8 @@
 """``llm_dialog``: a conversation with a model that lives in the cell graph.
 
 The dialog's state is cells (``pending``, ``partial``, ``error``, ``usage``, ``stop_reason``,
-``result``...), scoped like the ``messages`` cell it is given; its inputs are streams
+``result``...; what its turns write is one record, ``turns.TurnState``), scoped like the
+``messages`` cell it is given; its inputs are streams
 (``add_message``, ``cancel_generation``). A turn reads as a pipeline::
 
     add_message -> accept (one commit: pending, the user message, a turn owned by this
@@ -87,6 +88,9 @@ _INTERRUPTED_TURN = ("the turn was interrupted: the process running it stopped (
 
 _USAGE_ZERO = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
                "cache_write_tokens": 0}
+# the dialog's fields of its turn record, beside the turn protocol's (initial values)
+_TURN_EXTRA = {"usage": _USAGE_ZERO, "stop_reason": None, "result": None, "tool_output": {}}
+_TURN_START = {"stop_reason": None, "tool_output": {}}  # as a turn starts (unless so already)
 _NOTHING: Any = object()
 
 _PIN_EVENT = {"type": "object", "required": ["path"], "properties": {
@@ -254,15 +258,19 @@ class _DialogNode:
         self.max_steps = max_steps
         self.builtins_on = builtins_on
         self.tool_choice = tool_choice
-        self.state = TurnState(node)
-        self.usage = node.state("usage", dict(_USAGE_ZERO))
-        self.stop_reason = node.state("stop_reason", None)
-        self.result = node.state("result", None)
-        self.dropped = node.state("dropped", 0, int)
-        self.pins = node.state("pins", [])
+        # what the turns write, one record with the turn protocol's fields (turns.py)
+        state = self.state = TurnState(node, _TURN_EXTRA)
+        record = state.record
+        self.usage = record["usage"]
+        self.stop_reason = record["stop_reason"]
+        self.result = record["result"]
         # what handler tools answer, by tool call id: cleared in the commit of the step's
         # results (no commit of its own per call)
-        self.tool_output = node.state("tool_output", {})
+        self.tool_output = record["tool_output"]
+        # written by users' events at any time, during a turn too: documents of their own,
+        # or a turn's commits would conflict with them
+        self.dropped = node.state("dropped", 0, int)
+        self.pins = node.state("pins", [])
         # what a handler tool run inside its step's commit answers: read in that same commit,
         # so it never needs storing (nor clearing after)
         self.answers = node.scratch("tool_answers", {})
@@ -289,8 +297,8 @@ class _DialogNode:
         # this copy may be a moment behind another process's start or end of a turn (the
         # change feed is on its way): accept or drop on the store's word, read before this
         # transaction reads the turn (a read after it would only make its commit conflict)
-        self.state.refresh(rt, pending=True)
-        if self.state.pending.get():
+        self.state.refresh(rt)
+        if self.state.is_pending():
             if self._owner_alive(rt):
                 # as in CommonTools' llmDialog: a message while a turn runs is ignored; counted
                 self.dropped.set(self.dropped.get() + 1)
@@ -301,11 +309,9 @@ class _DialogNode:
         else:  # a history stored with a call left open (before every step answered its
             # calls) is answered first: no provider takes a call without its result
             self._answer_unanswered(INTERRUPTED, {})
-        turn_id = self.state.begin(rt)
-        if self.tool_output.raw(copy=False) != {}:  # whatever a turn cut short left there
-            self.tool_output.set({})
-        if self.stop_reason.get() is not None:  # the last turn's, not this one's
-            self.stop_reason.set(None)
+        # no answers (whatever a turn cut short left there), no stop reason (the last
+        # turn's, not this one's)
+        turn_id = self.state.begin(rt, _TURN_START)
         self._push_message(message)
         self._scopes[turn_id] = self.node.spawn(self._run, rt, turn_id,
                                                 name=f"{self.node.label} turn")
@@ -326,17 +332,17 @@ class _DialogNode:
         an orphan, recovered like a dead one's)."""
         if not self.state.holder_alive(rt):
             return False
-        turn = self.state.turn.get() or {}
+        turn = self.state.fields().get("turn") or {}
         return turn.get("holder") != rt.lease.holder or turn.get("id") in self._scopes
 
     def _stop_lost_turns(self) -> None:
-        """The turn changed (a sink on ``turn`` and ``pending``). A turn running here that is
+        """The turn changed (a sink on ``turn``). A turn running here that is
         no longer the pending one was cancelled or taken over elsewhere (another process's
         commit, brought by the store's change feed): it stops now, in the middle of its
         model call, not at its next step. Turns ending by their own commit are left to end."""
         if not self._scopes:
             return
-        current = self.state.current_id() if self.state.pending.get() else None
+        current = self.state.current_id() if self.state.is_pending() else None
         for turn_id in [t for t in self._scopes if t != current and t not in self._ending]:
             log.info("%s: turn %s was cancelled or taken over by another process; it stops",
                      self.node.label, turn_id)
@@ -346,7 +352,7 @@ class _DialogNode:
         # the turn may have started in another process since this copy was read: a cancel
         # decided on a stale copy would be lost without a trace
         rt = current_runtime()
-        self.state.refresh(rt, pending=True)
+        self.state.refresh(rt)
         rt.docs.reload([self.messages.resolve().doc_key])  # the calls it may answer
         self._cancel()
 
@@ -364,7 +370,7 @@ class _DialogNode:
     def _cancel(self) -> None:
         """End the pending turn now (in the caller's transaction): pending false, its
         unanswered tool calls answered, its task cancelled."""
-        if not self.state.pending.get():
+        if not self.state.is_pending():
             return
         turn_id = self.state.current_id()
         run = self._runs.get(turn_id) if turn_id is not None else None
@@ -732,12 +738,13 @@ class _DialogNode:
     def _end_writes(self, run: _TurnRun, error: str | None) -> None:
         """Inside the guarded transaction: the turn is over, and why its last model call
         stopped is written (once a turn: kept in memory until now)."""
-        self.state.end(error)
+        also: dict[str, Any] = {}
         if run.stop is not None:
-            self.stop_reason.set(run.stop.value)
+            also["stop_reason"] = run.stop.value
         if run.outputs:
-            self.tool_output.set({})
+            also["tool_output"] = {}
             run.outputs = False
+        self.state.end(error, also)
 
     def _system_prompt(self, run: _TurnRun) -> str:
         """Rebuilt each step: the pattern's system prompt, the guide to cells (built-ins on),

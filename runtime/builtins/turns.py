@@ -1,6 +1,8 @@
 """The turn protocol ``llm_dialog`` and ``generate_*`` share: one turn at a time may write.
 
-A builtin whose work runs in turns keeps four things in stored cells of its node:
+A builtin whose work runs in turns keeps four things in stored cells of its node, the fields
+of one document (``BuiltinNode.record``) with whatever else its turns write (the dialog's
+usage and result, a generation's request):
 
 - ``pending``: a turn is running;
 - ``turn``: which one, ``{"id": <uuid>, "holder": <lease holder>}``: the only turn whose
@@ -26,7 +28,8 @@ from typing import Any
 from ..cells import BuiltinNode, Cell, Runtime, Timer, computed
 from ..llm.errors import cap_message
 
-__all__ = ["PARTIAL_INTERVAL", "PartialText", "TurnState", "log_failed_turn"]
+__all__ = ["PARTIAL_INTERVAL", "TURN_FIELDS", "PartialText", "TurnState", "log_failed_turn",
+           "turn_schema"]
 
 PARTIAL_INTERVAL = 0.25  # seconds between flushes of streamed text into `partial`
 
@@ -44,71 +47,115 @@ def _joined(chunks: Any) -> str | None:
     return "".join(chunks) if isinstance(chunks, list) and chunks else None
 
 
-class TurnState:
-    """The cells of the turn protocol of one builtin node, and the rules that guard them."""
+TURN_FIELDS: dict[str, Any] = {"pending": False, "turn": None, "error": None,
+                               "partial_chunks": []}
+"""The turn protocol's fields and their initial values (never change it)."""
 
-    def __init__(self, node: BuiltinNode) -> None:
+
+def turn_schema(fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The schema of a turn record: ``pending`` a boolean, ``fields`` (name -> JSON Schema)
+    for the builtin's own. Make it once, at import: every instance passes the same one."""
+    return {"type": "object", "properties": {"pending": {"type": "boolean"}, **(fields or {})}}
+
+
+_TURN_SCHEMA = turn_schema()
+_CLEARED: dict[str, Any] = {"error": None, "partial_chunks": []}  # as a turn starts and ends
+_ABSENT: Any = object()
+
+
+class TurnState:
+    """The cells of the turn protocol of one builtin node, and the rules that guard them.
+
+    They are fields of one record with ``extra`` (the builtin's own fields: name -> initial
+    value, constrained by ``schema`` from ``turn_schema``), written by the same writers: the
+    turn's owner, and whoever starts or cancels a turn (and so writes ``turn`` anyway).
+    Nodes stored when each was a document of its own have them read into the record."""
+
+    def __init__(self, node: BuiltinNode, extra: dict[str, Any] | None = None,
+                 schema: dict[str, Any] | None = None) -> None:
         self.node = node
-        self.pending = node.state("pending", False, bool)
-        self.turn = node.state("turn", None)
-        self.error = node.state("error", None)
-        self.chunks = node.state("partial_chunks", [])
+        fields = TURN_FIELDS if extra is None else {**TURN_FIELDS, **extra}
+        record = self.record = node.record(
+            "turn", fields, _TURN_SCHEMA if schema is None else schema, earlier=True)
+        self.pending = record["pending"]
+        self.turn = record["turn"]
+        self.error = record["error"]
+        self.chunks = record["partial_chunks"]
         chunks = self.chunks
         self.partial: Cell = computed(lambda: _joined(chunks.get()),
                                       name=f"{node.name}.partial")
 
     # -- inside a transaction --------------------------------------------------------
 
-    def begin(self, rt: Runtime) -> str:
-        """A new turn owned by this process: pending, no error, no partial text."""
+    def begin(self, rt: Runtime, also: dict[str, Any] | None = None) -> str:
+        """A new turn owned by this process: pending, no error, no partial text, and the
+        builtin's own fields set as ``also`` says. One write of the record, of only what
+        changes (what is already so is read in this transaction all the same, so another
+        writer's change meanwhile is still a conflict)."""
         turn_id = uuid.uuid4().hex
         holder = rt.lease.ensure()  # held (renewed if it must be) before the turn names it
-        self.pending.set(True)
-        self.turn.set({"id": turn_id, "holder": holder})
-        # what is already so is not written again (read in this transaction all the same,
-        # so another writer's change meanwhile is still a conflict)
-        if self.error.raw(copy=False) is not None:
-            self.error.set(None)
-        if self.chunks.raw(copy=False) != []:
-            self.chunks.set([])
+        self._write({"pending": True, "turn": {"id": turn_id, "holder": holder}},
+                    _CLEARED if also is None else {**_CLEARED, **also})
         return turn_id
+
+    def _write(self, values: dict[str, Any], unless_so: dict[str, Any]) -> None:
+        """Inside a transaction: write ``values``, and those of ``unless_so`` (not named in
+        ``values``) the record does not hold already, in one update of the record."""
+        record = self.record.cell.raw(copy=False)
+        for name, value in unless_so.items():
+            if name not in values and (type(record) is not dict
+                                       or record.get(name, _ABSENT) != value):
+                values[name] = value
+        self.record.cell.update(values)
+
+    def fields(self) -> dict[str, Any]:
+        """The record as it stands (the runtime's own value: read it, never change it)."""
+        record = self.record.cell.raw(copy=False)
+        return record if type(record) is dict else {}
 
     def owns(self, rt: Runtime, turn_id: str) -> bool:
         """May turn ``turn_id`` still write? Its id is the current one, it is pending, it was
         recorded under this process's current lease holder, and that lease is known to be
         held (a paused process whose lease expired is fenced: its late writes land nowhere).
         Reads only: no heartbeat, no write per step."""
-        turn = self.turn.raw(copy=False)  # read only: no copy
+        record = self.record.cell.raw(copy=False)  # read only, no copy: one read for both
+        if type(record) is not dict:
+            return False
+        turn = record.get("turn")
         return (isinstance(turn, dict) and turn.get("id") == turn_id
-                and self.pending.raw(copy=False) is True
+                and record.get("pending") is True
                 and turn.get("holder") == rt.lease.holder and rt.lease.valid())
 
-    def refresh(self, rt: Runtime, *, pending: bool = False) -> None:
-        """Read the turn (and ``pending``) again from the store: what another process wrote
-        since this one last read them (outside a transaction, or before the transaction
-        reads them)."""
-        rt.docs.refresh([self.turn.doc_key, self.pending.doc_key] if pending
-                        else [self.turn.doc_key])
+    def refresh(self, rt: Runtime) -> None:
+        """Read the record (the turn, ``pending``...) again from the store: what another
+        process wrote since this one last read it (outside a transaction, or before the
+        transaction reads it)."""
+        rt.docs.refresh([self.record.cell.doc_key])
+
+    def is_pending(self) -> bool:
+        return self.fields().get("pending") is True
 
     def holder_alive(self, rt: Runtime) -> bool:
         """Is the process that owns the pending turn alive (its lease unexpired)? A turn
         recorded without a holder (written before leases) is taken to be dead."""
-        turn = self.turn.get()
+        turn = self.fields().get("turn")
         holder = turn.get("holder") if isinstance(turn, dict) else None
         return isinstance(holder, str) and rt.lease.is_live(holder)
 
     def current_id(self) -> str | None:
-        turn = self.turn.get()
+        turn = self.fields().get("turn")
         value = turn.get("id") if isinstance(turn, dict) else None
         return value if isinstance(value, str) else None
 
-    def end(self, error: str | None) -> None:
-        """The turn is over: not pending, no turn, ``error`` (None for an answer)."""
-        if error is not None or self.error.raw(copy=False) is not None:
-            self.error.set(error)
-        self.clear_partial()
-        self.pending.set(False)
-        self.turn.set(None)
+    def end(self, error: str | None, also: dict[str, Any] | None = None) -> None:
+        """The turn is over: not pending, no turn, ``error`` (None for an answer), and the
+        builtin's own fields set as ``also`` says: one update of the record."""
+        values: dict[str, Any] = {"pending": False, "turn": None}
+        if also:
+            values.update(also)
+        if error is not None:
+            values["error"] = error
+        self._write(values, _CLEARED)
 
     def clear_partial(self) -> None:
         if self.chunks.raw(copy=False) != []:

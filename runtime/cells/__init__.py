@@ -9,7 +9,8 @@ or reaches for an underscore attribute. What they need beyond applications' API:
 - what runs where, by document (indexes, not scans): ``Runtime.instance_of(key)``,
   ``Runtime.stream_at(key)``, ``Runtime.pattern_at(key, path)``; ``Stream.key`` /
   ``Stream.scope`` and ``Cell.doc_key``;
-- building a node: ``BuiltinNode``, ``Transaction`` (``rt.begin()``), ``current_runtime``;
+- building a node: ``BuiltinNode`` (and its ``Record``), ``Transaction`` (``rt.begin()``),
+  ``current_runtime``;
 - values, paths and links: ``MISSING``, ``Path``, ``pointer``, ``parse_pointer``,
   ``is_link``, ``make_link``, ``parse_link``, ``Scope``, ``DocKey``, and the markers a
   result holds (``PATTERN_REF``, ``STREAM_MARKER``);
@@ -36,7 +37,7 @@ from ..errors import (
     WriteInComputationError,
 )
 from ..storage import DocKey
-from .builtin import BuiltinNode
+from .builtin import BuiltinNode, Record
 from .by_object import TextByObject
 from .cell import STREAM_MARKER, Cell, Stream
 from .documents import Change, Transaction
@@ -79,6 +80,7 @@ __all__ = [
     "Pattern",
     "PatternError",
     "ReadOnlyError",
+    "Record",
     "Resolver",
     "Runtime",
     "SchemaError",

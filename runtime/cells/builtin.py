@@ -7,6 +7,9 @@ A builtin is a function called inside a ``@pattern``, like ``cell`` or ``lift``.
   node's cause (the instance, the builtin's kind and name), so a restarted process finds
   them; their scope is the **narrowest scope of the inputs** the node was given, so a dialog
   over a per-session ``messages`` cell keeps per-session state.
+- ``node.record(name, fields, schema)``: several stored cells kept as the fields of one
+  document (``record.key(field)`` each): an instance declares each of its documents at every
+  ``rt.run``, so state written together by the same writers is cheaper as one.
 - ``node.stream(name, fn, event=schema)``: streams its users send events to; ``fn(event)``
   runs as a handler, once per event, in its own transaction.
 - ``node.spawn(work, *args)``, called from such a handler: async work that starts only after
@@ -20,22 +23,25 @@ join it to the LLM port. ``docs/builtins.md`` shows how to write one.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import anyio
 
-from ..errors import PatternError
+from ..errors import PatternError, SchemaError
 from ..storage import DocKey
 from .cell import Cell, Stream
 from .ids import derive
-from .jsonpath import check_json
+from .jsonpath import LINK, check_json
 from .pattern import Builder, Handler, _current
 from .runtime import current_instance, current_runtime
-from .schema import SchemaLike, to_json_schema
+from .schema import SchemaLike, subschema, to_json_schema, validate
 from .scope import SHARED, Scope
 
-__all__ = ["BuiltinNode"]
+__all__ = ["BuiltinNode", "Record"]
+
+log = logging.getLogger("celldialog")
 
 
 class BuiltinNode:
@@ -68,6 +74,75 @@ class BuiltinNode:
                              js, label=label, owned=True)
         return Cell(self._b.docs, key, (), js)
 
+    def record(self, name: str, fields: Mapping[str, Any], schema: SchemaLike | None = None,
+               *, earlier: bool = False) -> Record:
+        """A stored document of this node holding ``fields`` (name -> initial value):
+        ``record[name]`` is each field's cell, ``record.cell`` the whole. ``schema`` is the
+        object's (a JSON Schema the caller makes once: its ``properties`` constrain the
+        fields, and a write of one field is checked against its own).
+
+        One document costs one declare instead of one per field, but it is also one unit of
+        conflict: a transaction that read any field conflicts with a commit to any other.
+        Keep together only fields that the same writers write (a turn's bookkeeping); keep
+        apart what others write at any time (a counter a user's events bump).
+
+        ``earlier``: the fields were once stored as ``state(field)`` documents of this node.
+        When the record is created (the store has none), what the store holds there is read
+        into it, so an instance stored by that layout keeps its state."""
+        label = f"{self.label}.{name}"
+        if not fields:
+            raise PatternError(f"{label}: a record needs at least one field")
+        for f in fields:
+            if type(f) is not str or not f or f == LINK:
+                raise PatternError(
+                    f"{label}: field {f!r} cannot name a field of a record: use a non-empty "
+                    f"string other than {LINK!r} (a link's key)")
+        schema = to_json_schema(schema)
+        key = DocKey(self.space, self._scope_key, derive(self.cause, "record", name))
+        initial = check_json(fields if type(fields) is dict else dict(fields),
+                             lambda: f"initial value of {label}")  # a copy: owned
+        seed = (lambda: self._earlier(initial, schema, label)) if earlier else None
+        docs = self._b.docs
+        docs.declare(key, initial, schema, label=label, owned=True, seed=seed)
+        props = schema.get("properties") if schema else None
+        if not isinstance(props, dict) or (schema and "additionalProperties" in schema):
+            return Record(Cell(docs, key, (), schema),
+                          {f: Cell(docs, key, (f,), subschema(schema, (f,))) for f in initial})
+        return Record(Cell(docs, key, (), schema),
+                      {f: Cell(docs, key, (f,), props.get(f)) for f in initial})
+
+    def _earlier(self, fields: dict[str, Any], schema: dict[str, Any] | None,
+                 label: str) -> dict[str, Any]:
+        """``fields`` with what an earlier layout stored as ``state(field)`` documents (one
+        read of the store for all; none from a store made for this runtime, which holds
+        nothing older than it). A stored value its field's schema refuses is left behind,
+        with a warning: the record starts from its initial value there."""
+        docs = self._b.docs
+        if docs.sole_writer:
+            return fields
+        names = {DocKey(self.space, self._scope_key, derive(self.cause, "state", f)): f
+                 for f in fields}
+        store = docs.store
+        load_many = getattr(store, "load_many", None)
+        if load_many is not None:
+            found = load_many(list(names))
+        else:
+            found = {k: s for k in names if (s := store.load(k)) is not None}
+        if not found:
+            return fields
+        value = dict(fields)
+        for k, stored in found.items():
+            field = names[k]
+            try:
+                validate(stored.value, subschema(schema, (field,)),
+                         f"stored {label}.{field} (/{k.id})")
+            except SchemaError as e:
+                log.warning("%s: the value stored by an earlier version is not kept: %s",
+                            label, e)
+                continue
+            value[field] = stored.value
+        return value
+
     def scratch(self, name: str, initial: Any) -> Cell:
         """A cell whose writes last only for the transaction that makes them: never stored
         or committed, so no other transaction sees them. For handing a value from one part
@@ -98,6 +173,29 @@ class BuiltinNode:
         """From one of this node's handlers: start ``work(*args)`` once the handler commits,
         owned by the instance."""
         return current_runtime().spawn(work, *args, owner=current_instance(), name=name)
+
+
+class Record(Mapping[str, Cell]):
+    """A builtin's record (``BuiltinNode.record``): a cell for each of its fields, by name,
+    and ``cell``, the whole document (one read for several fields)."""
+
+    __slots__ = ("_fields", "cell")
+
+    def __init__(self, cell: Cell, fields: dict[str, Cell]) -> None:
+        self.cell = cell
+        self._fields = fields
+
+    def __getitem__(self, name: str) -> Cell:
+        return self._fields[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __repr__(self) -> str:
+        return f"Record({self.cell!r}: {', '.join(self._fields)})"
 
 
 def _narrowest(inputs: Iterable[Cell | Stream]) -> Scope:

@@ -244,7 +244,7 @@ class Documents:
 
     def declare(self, key: DocKey, initial: Any, schema: dict[str, Any] | None = None,
                 label: str = "", overwrite: bool = False, readonly: str | None = None,
-                owned: bool = False) -> Doc:
+                owned: bool = False, seed: Callable[[], Any] | None = None) -> Doc:
         """The stored document at ``key``: loaded if the store has it, else created with
         ``initial`` (validated, then written to the store at once so a restart finds it).
 
@@ -253,8 +253,11 @@ class Documents:
         (structure the runtime derives from code: results, stream markers). While an
         instance is built (``recording``), the key is recorded and the document counts one
         more holder. ``owned``: ``initial`` is plain JSON made for this call, which nothing
-        else holds or changes (``check_json``'s copy): the document keeps it, uncopied."""
-        doc = self._declare(key, initial, schema, label, overwrite, readonly, owned)
+        else holds or changes (``check_json``'s copy): the document keeps it, uncopied.
+        ``seed``: called only when the document is created (the store has none), for the
+        value to create it with instead of ``initial`` (plain JSON, owned like ``initial``):
+        where a builtin reads what an earlier layout stored elsewhere."""
+        doc = self._declare(key, initial, schema, label, overwrite, readonly, owned, seed)
         recording = self.recording
         if recording is not None:
             recording.append(key)
@@ -262,7 +265,8 @@ class Documents:
         return doc
 
     def _declare(self, key: DocKey, initial: Any, schema: dict[str, Any] | None,
-                 label: str, overwrite: bool, readonly: str | None, owned: bool) -> Doc:
+                 label: str, overwrite: bool, readonly: str | None, owned: bool,
+                 seed: Callable[[], Any] | None = None) -> Doc:
         if self.closed:
             self.check_open(f"declaring {label or 'a document'}")  # raises
         doc = self._docs.get(key)
@@ -283,6 +287,8 @@ class Documents:
             doc.declared = True
             if not overwrite or same(doc.node.peek(), initial):
                 return doc
+        elif seed is not None:
+            initial = seed()
         if schema is not None:
             compile_schema(schema).validate(
                 initial, lambda: f"initial value of {label or 'document'} (/{key.id})")

@@ -56,20 +56,28 @@ async def test_a_link_in_present_result_beside_a_management_call_leaves_no_call_
 
 
 class FailingStore(MemoryStore):
-    """A store whose commits fail while armed, when they write a document matching
-    ``doomed`` (a disk that fills up at the wrong moment)."""
+    """A store whose commits fail while armed, when they write the place ``doomed`` (a
+    document id and a path in it: a disk that fills up at the wrong moment)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.doomed: str | None = None
+        self.doomed: tuple[str, tuple[Any, ...]] | None = None
         self.failed = 0
 
     def commit(self, writes):
-        if self.doomed is not None and any(self.doomed in w.key.id or self.doomed == "*"
-                                           for w in writes):
+        if self.doomed is not None and any(self._dooms(w) for w in writes):
             self.failed += 1
             raise StoreBusyError("injected: the disk is full")
         return super().commit(writes)
+
+    def _dooms(self, write: Any) -> bool:
+        assert self.doomed is not None
+        doc, path = self.doomed
+        if write.key.id != doc:
+            return False
+        if write.patch is None:
+            return True
+        return any(tuple(p[:len(path)]) == path for p, _ in write.patch)
 
 
 async def test_results_that_cannot_be_stored_with_their_writes_are_stored_alone_as_errors():
@@ -81,7 +89,7 @@ async def test_results_that_cannot_be_stored_with_their_writes_are_stored_alone_
                               call("presentResult", {"answer": 42})]),
             "never asked",
         ])
-        result_id = inst.result.key("result").resolve().doc_key.id
+        where = inst.result.key("result").resolve()
 
         seen: list[int] = []
 
@@ -89,7 +97,7 @@ async def test_results_that_cannot_be_stored_with_their_writes_are_stored_alone_
             kinds = [m.get("role") for m in inst.result.key("messages").get()]
             if kinds == ["user", "assistant"] and not seen:
                 seen.append(1)
-                store.doomed = result_id
+                store.doomed = (where.doc_key.id, where.path)
 
         rt.on_commit(arm)
         await inst.send("send", "present it")

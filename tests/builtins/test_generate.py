@@ -200,6 +200,37 @@ async def test_a_restart_keeps_the_result_without_calling_the_model(tmp_path):
         assert _out(inst, "result") == "Paris." and _out(inst, "error") is None
 
 
+async def test_a_result_stored_by_the_earlier_layout_is_kept_without_calling_the_model(
+        tmp_path, monkeypatch):
+    """Before records, each of a generation's cells was a document of its own: a store
+    written then still answers its request (``BuiltinNode.record(earlier=True)``)."""
+    from runtime.cells import BuiltinNode
+    from runtime.cells.ids import derive
+    from runtime.storage import DocKey, SQLiteStore, Write
+
+    nodes: list[Any] = []
+    record = BuiltinNode.record
+    monkeypatch.setattr(BuiltinNode, "record",
+                        lambda self, *a, **k: (nodes.append(self), record(self, *a, **k))[1])
+    async with Runtime(f"sqlite:///{tmp_path / 'now.db'}",
+                       model=ScriptedModel(["Paris."])) as rt:
+        inst = rt.run(writer, {"prompt": "Capital of France?"})
+        await rt.settled()
+        [node] = nodes
+        stored = rt.store.load(inst.result.key("result").resolve().doc_key).value
+    assert stored["result"] == "Paris." and stored["request"]
+    old = SQLiteStore(str(tmp_path / "old.db"))  # each field where the earlier layout put it
+    old.commit([Write(DocKey(node.space, node.scope.key, derive(node.cause, "state", f)), v, 0)
+                for f, v in stored.items()])
+    old.close()
+    again = ScriptedModel([])  # any call would fail: the script is empty
+    async with Runtime(f"sqlite:///{tmp_path / 'old.db'}", model=again) as rt:
+        inst = rt.run(writer, {"prompt": "Capital of France?"})
+        await rt.settled()
+        assert again.requests == []
+        assert _out(inst, "result") == "Paris." and _out(inst, "error") is None
+
+
 async def test_a_generation_cut_short_by_a_restart_runs_again(tmp_path):
     store = f"sqlite:///{tmp_path / 'state.db'}"
     held = Held()
