@@ -75,8 +75,8 @@ __all__ = ["Generation", "generate_object", "generate_text"]
 log = logging.getLogger("celldialog.generate")
 
 _SHOWN = 200  # characters of a bad answer quoted in an error
-# a generation's fields of its turn record, beside the turn protocol's (initial values)
-_GENERATE_FIELDS = {"result": None, "request": None}
+# a generation's field of its turn record, beside the turn protocol's (initial value)
+_GENERATE_OWN = {"request": None}
 
 
 @dataclass(frozen=True)
@@ -222,13 +222,13 @@ class _Generation:
         self.use_messages = messages is not None
         self.presents = PRESENT_RESULT in catalog
         self.instruction = self._instruction()
-        # pending, turn, error, partial, and the result and the hash of the request it
-        # answers: one record, written together
-        self.state = TurnState(node, _GENERATE_FIELDS)
+        # pending, turn, partial and the hash of the request answered: the turn's record;
+        # error: its outcome (turns.py); the result a document of its own
+        self.state = TurnState(node, _GENERATE_OWN)
         self.pending = self.state.pending
         self.error = self.state.error
         self.partial = self.state.partial
-        self.result = self.state.record["result"]
+        self.result = node.state("result", None)
         self.request = self.state.record["request"]
         self.key = (self.request.space, self.request.scope, self.request.id)
         self._rt: Runtime | None = None

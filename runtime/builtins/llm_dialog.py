@@ -1,8 +1,8 @@
 """``llm_dialog``: a conversation with a model that lives in the cell graph.
 
 The dialog's state is cells (``pending``, ``partial``, ``error``, ``usage``, ``stop_reason``,
-``result``...; what its turns write is one record, ``turns.TurnState``), scoped like the
-``messages`` cell it is given; its inputs are streams
+``result``...; the turn protocol's are fields of two records, ``turns.TurnState``), scoped
+like the ``messages`` cell it is given; its inputs are streams
 (``add_message``, ``cancel_generation``). A turn reads as a pipeline::
 
     add_message -> accept (one commit: pending, the user message, a turn owned by this
@@ -88,8 +88,10 @@ _INTERRUPTED_TURN = ("the turn was interrupted: the process running it stopped (
 
 _USAGE_ZERO = {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
                "cache_write_tokens": 0}
-# the dialog's fields of its turn record, beside the turn protocol's (initial values)
-_TURN_EXTRA = {"usage": _USAGE_ZERO, "stop_reason": None, "result": None, "tool_output": {}}
+# the dialog's fields of the turn protocol's records (turns.py), with their initial values
+_TURN_OWN = {"stop_reason": None, "tool_output": {}}
+_TURN_OUTCOME = {"usage": _USAGE_ZERO, "dropped": 0, "pins": []}
+_OUTCOME_SCHEMA = {"type": "object", "properties": {"dropped": {"type": "integer"}}}
 _TURN_START = {"stop_reason": None, "tool_output": {}}  # as a turn starts (unless so already)
 _NOTHING: Any = object()
 
@@ -258,19 +260,22 @@ class _DialogNode:
         self.max_steps = max_steps
         self.builtins_on = builtins_on
         self.tool_choice = tool_choice
-        # what the turns write, one record with the turn protocol's fields (turns.py)
-        state = self.state = TurnState(node, _TURN_EXTRA)
-        record = state.record
-        self.usage = record["usage"]
-        self.stop_reason = record["stop_reason"]
-        self.result = record["result"]
-        # what handler tools answer, by tool call id: cleared in the commit of the step's
-        # results (no commit of its own per call)
-        self.tool_output = record["tool_output"]
-        # written by users' events at any time, during a turn too: documents of their own,
-        # or a turn's commits would conflict with them
-        self.dropped = node.state("dropped", 0, int)
-        self.pins = node.state("pins", [])
+        # the turn protocol's two records (turns.py): the turn's own, with why its last
+        # model call stopped (cleared as a turn starts, written as it ends) and what
+        # handler tools answer by tool call id (cleared in the commit of the step's
+        # results, no commit of its own per call); the outcome, with usage, the count of
+        # messages dropped and the pins: written only by commits run again on a conflict
+        # (handlers, a turn's start and end, the pin tools)
+        state = self.state = TurnState(node, _TURN_OWN, _TURN_OUTCOME, _OUTCOME_SCHEMA)
+        self.tool_output = state.record["tool_output"]
+        self.stop_reason = state.record["stop_reason"]
+        self.usage = state.outcome["usage"]
+        self.dropped = state.outcome["dropped"]
+        self.pins = state.outcome["pins"]
+        # written by presentResult's step, a commit not run again: a document of its own, or
+        # a user's write to an outcome from another process (a usage reset, an error
+        # dismissed) would make that step conflict
+        self.result = node.state("result", None)
         # what a handler tool run inside its step's commit answers: read in that same commit,
         # so it never needs storing (nor clearing after)
         self.answers = node.scratch("tool_answers", {})
@@ -488,8 +493,7 @@ class _DialogNode:
             self._ending.discard(turn_id)
             try:
                 if run.usage is not None:  # cut short after a call: its tokens still count
-                    with rt.transaction():
-                        self._flush_usage(run)
+                    self._flush_usage_alone(rt, run)
             finally:
                 rt.lease.drop()
 
@@ -627,6 +631,20 @@ class _DialogNode:
     @staticmethod
     def _on_usage(run: _TurnRun, usage: Usage) -> None:
         run.usage = usage if run.usage is None else run.usage + usage  # written with the reply
+
+    def _flush_usage_alone(self, rt: Runtime, run: _TurnRun) -> None:
+        """``_flush_usage`` in a commit of its own, run again on a conflict (another
+        process's write to the outcome record, caught up with since)."""
+        usage = run.usage
+        for attempt in range(STEP_RETRIES + 1):
+            try:
+                with rt.transaction():
+                    self._flush_usage(run)
+                return
+            except ConflictError:
+                run.usage = usage  # nothing of it was stored
+                if attempt == STEP_RETRIES:
+                    raise
 
     def _flush_usage(self, run: _TurnRun) -> None:
         """Inside a transaction: add the turn's unwritten usage to ``usage`` (spent tokens

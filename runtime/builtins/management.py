@@ -33,7 +33,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..cells import (
     MISSING,
@@ -56,7 +56,7 @@ from ..cells import (
     pointer,
     subschema,
 )
-from ..errors import CelldialogError, LinkError, PathError, PatternError
+from ..errors import CelldialogError, ConflictError, LinkError, PathError, PatternError
 from ..llm import Tool, ToolError, ToolResult
 
 __all__ = ["MANAGEMENT_GUIDE", "MANAGEMENT_TOOLS", "MANAGEMENT_TOOL_NAMES", "READ_LIMIT",
@@ -70,6 +70,8 @@ SCHEMA_LIMIT = 8000  # characters of a schema `schema` returns
 _DETAIL = 500  # characters of an underlying error quoted back
 _NAME_LIMIT = 200  # characters of a pin's name
 MAX_PINS = 40  # cells pinned at once: each is listed in every later system prompt
+PIN_RETRIES = 3  # a pin or unpin run again on fresh state after a conflict
+T = TypeVar("T")
 CELLS_LIMIT = 24_000  # characters of the whole "# Available Cells" section
 _INFER_DEPTH = 8  # links followed when a schema is inferred from a value
 
@@ -335,7 +337,8 @@ class Management:
                            f"{_NAME_LIMIT}.")
         self._value_at(target)  # it must be there now
         ident = self._ident(target)
-        with self.rt.transaction():
+
+        def pin() -> ToolOutcome | None:
             pins = self._pin_list()
             for entry in pins:
                 if self._entry_ident(entry) == ident:
@@ -345,8 +348,26 @@ class Management:
                                f"({MAX_PINS}); unpin one you no longer need first.")
             entry = self._entry(target, name)
             self.pins.set([*pins, entry])
+            return None
+
+        already = self._on_fresh_state(pin)
+        if already is not None:
+            return already
         return ToolOutcome(f"Pinned {self._show(target.key, target.path)} as {name!r}: it "
                            'is listed under "# Available Cells" from your next step on.')
+
+    def _on_fresh_state(self, write: Callable[[], T]) -> T:
+        """``write()`` in a transaction of its own, run again on a conflict (another
+        process's write to the pins' record, brought by the change feed a moment later:
+        the runtime has caught up, so the next run sees it), as a handler would be."""
+        for attempt in range(PIN_RETRIES + 1):
+            try:
+                with self.rt.transaction():
+                    return write()
+            except ConflictError:
+                if attempt == PIN_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _unpin(self, args: dict[str, Any]) -> ToolOutcome:
         raw = args.get("path")
@@ -356,7 +377,8 @@ class Management:
             idents.add(self._ident(target))
         except CelldialogError:
             pass  # it is gone: match what the pin says
-        with self.rt.transaction():
+
+        def unpin() -> ToolOutcome | None:
             pins = self._pin_list()
             kept = [e for e in pins if self._entry_ident(e) not in idents
                     and ("path", self._entry_path(e)) not in idents]
@@ -366,6 +388,11 @@ class Management:
                 return ToolOutcome(f"Not found: {_short(raw)} is not pinned. Pinned: {shown}.",
                                    True)
             self.pins.set(kept)
+            return None
+
+        missing = self._on_fresh_state(unpin)
+        if missing is not None:
+            return missing
         return ToolOutcome(f"Unpinned {self._show(target.key, target.path)}.")
 
     def pin_from_pattern(self, path: Any, name: Any) -> None:

@@ -1,8 +1,12 @@
 """The turn protocol ``llm_dialog`` and ``generate_*`` share: one turn at a time may write.
 
 A builtin whose work runs in turns keeps four things in stored cells of its node, the fields
-of one document (``BuiltinNode.record``) with whatever else its turns write (the dialog's
-usage and result, a generation's request):
+of two documents (``BuiltinNode.record``): the turn's own record (``pending``, ``turn``,
+``partial``'s chunks, and what the builtin's steps write beside them), read by every commit
+of a turn, and its outcome (``error``, and what only commits run again on a conflict write:
+a turn's start and end, handlers; the dialog's usage). A user's write to an outcome
+(dismissing an error, resetting usage) from another process then never makes a turn's step
+conflict:
 
 - ``pending``: a turn is running;
 - ``turn``: which one, ``{"id": <uuid>, "holder": <lease holder>}``: the only turn whose
@@ -28,8 +32,8 @@ from typing import Any
 from ..cells import BuiltinNode, Cell, Runtime, Timer, computed
 from ..llm.errors import cap_message
 
-__all__ = ["PARTIAL_INTERVAL", "TURN_FIELDS", "PartialText", "TurnState", "log_failed_turn",
-           "turn_schema"]
+__all__ = ["OUTCOME_FIELDS", "PARTIAL_INTERVAL", "TURN_FIELDS", "PartialText", "TurnState",
+           "log_failed_turn", "turn_schema"]
 
 PARTIAL_INTERVAL = 0.25  # seconds between flushes of streamed text into `partial`
 
@@ -47,9 +51,10 @@ def _joined(chunks: Any) -> str | None:
     return "".join(chunks) if isinstance(chunks, list) and chunks else None
 
 
-TURN_FIELDS: dict[str, Any] = {"pending": False, "turn": None, "error": None,
-                               "partial_chunks": []}
-"""The turn protocol's fields and their initial values (never change it)."""
+TURN_FIELDS: dict[str, Any] = {"pending": False, "turn": None, "partial_chunks": []}
+"""The turn's own record: its fields and their initial values (never change it)."""
+OUTCOME_FIELDS: dict[str, Any] = {"error": None}
+"""The turn's outcome record: its fields and their initial values (never change it)."""
 
 
 def turn_schema(fields: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -66,20 +71,26 @@ _ABSENT: Any = object()
 class TurnState:
     """The cells of the turn protocol of one builtin node, and the rules that guard them.
 
-    They are fields of one record with ``extra`` (the builtin's own fields: name -> initial
-    value, constrained by ``schema`` from ``turn_schema``), written by the same writers: the
-    turn's owner, and whoever starts or cancels a turn (and so writes ``turn`` anyway).
-    Nodes stored when each was a document of its own have them read into the record."""
+    Two records (the module docstring): the turn's own, with ``extra`` (the builtin's fields
+    its steps write: name -> initial value), and the outcome, with ``outcome`` (what only
+    commits that are run again on a conflict write: a turn's start and end, handlers;
+    ``outcome_schema`` the record's JSON Schema). Nodes stored when each cell was a document
+    of its own have them read into the records."""
 
     def __init__(self, node: BuiltinNode, extra: dict[str, Any] | None = None,
-                 schema: dict[str, Any] | None = None) -> None:
+                 outcome: dict[str, Any] | None = None,
+                 outcome_schema: dict[str, Any] | None = None) -> None:
         self.node = node
-        fields = TURN_FIELDS if extra is None else {**TURN_FIELDS, **extra}
         record = self.record = node.record(
-            "turn", fields, _TURN_SCHEMA if schema is None else schema, earlier=True)
+            "turn", TURN_FIELDS if extra is None else {**TURN_FIELDS, **extra}, _TURN_SCHEMA,
+            earlier=True)
+        self.outcome = node.record(
+            "outcome", OUTCOME_FIELDS if outcome is None else {**OUTCOME_FIELDS, **outcome},
+            outcome_schema, earlier=True)
+        self._records = ((record, frozenset(record)), (self.outcome, frozenset(self.outcome)))
         self.pending = record["pending"]
         self.turn = record["turn"]
-        self.error = record["error"]
+        self.error = self.outcome["error"]
         self.chunks = record["partial_chunks"]
         chunks = self.chunks
         self.partial: Cell = computed(lambda: _joined(chunks.get()),
@@ -89,27 +100,45 @@ class TurnState:
 
     def begin(self, rt: Runtime, also: dict[str, Any] | None = None) -> str:
         """A new turn owned by this process: pending, no error, no partial text, and the
-        builtin's own fields set as ``also`` says. One write of the record, of only what
-        changes (what is already so is read in this transaction all the same, so another
-        writer's change meanwhile is still a conflict)."""
+        builtin's own fields set as ``also`` says where they are not so already. One write
+        of each record, of only what changes (what is already so is read in this
+        transaction all the same, so another writer's change meanwhile is a conflict)."""
         turn_id = uuid.uuid4().hex
         holder = rt.lease.ensure()  # held (renewed if it must be) before the turn names it
         self._write({"pending": True, "turn": {"id": turn_id, "holder": holder}},
                     _CLEARED if also is None else {**_CLEARED, **also})
         return turn_id
 
+    def end(self, error: str | None, also: dict[str, Any] | None = None) -> None:
+        """The turn is over: not pending, no turn, ``error`` (None for an answer), and the
+        builtin's own fields set as ``also`` says: one update of each record."""
+        values: dict[str, Any] = {"pending": False, "turn": None}
+        if also:
+            values.update(also)
+        if error is not None:
+            values["error"] = error
+        self._write(values, _CLEARED)
+
     def _write(self, values: dict[str, Any], unless_so: dict[str, Any]) -> None:
-        """Inside a transaction: write ``values``, and those of ``unless_so`` (not named in
-        ``values``) the record does not hold already, in one update of the record."""
-        record = self.record.cell.raw(copy=False)
-        for name, value in unless_so.items():
-            if name not in values and (type(record) is not dict
-                                       or record.get(name, _ABSENT) != value):
-                values[name] = value
-        self.record.cell.update(values)
+        """Inside a transaction: ``values``, and those of ``unless_so`` (not named in
+        ``values``) that the record holding them does not hold already, each record in one
+        update."""
+        for record, names in self._records:
+            current: Any = None
+            mine = {k: v for k, v in values.items() if k in names}
+            for name, value in unless_so.items():
+                if name in mine or name not in names:
+                    continue
+                if current is None:
+                    current = record.cell.raw(copy=False)
+                if type(current) is not dict or current.get(name, _ABSENT) != value:
+                    mine[name] = value
+            if mine:
+                record.cell.update(mine)
 
     def fields(self) -> dict[str, Any]:
-        """The record as it stands (the runtime's own value: read it, never change it)."""
+        """The turn's own record as it stands (the runtime's own value: read it, never
+        change it)."""
         record = self.record.cell.raw(copy=False)
         return record if type(record) is dict else {}
 
@@ -146,16 +175,6 @@ class TurnState:
         turn = self.fields().get("turn")
         value = turn.get("id") if isinstance(turn, dict) else None
         return value if isinstance(value, str) else None
-
-    def end(self, error: str | None, also: dict[str, Any] | None = None) -> None:
-        """The turn is over: not pending, no turn, ``error`` (None for an answer), and the
-        builtin's own fields set as ``also`` says: one update of the record."""
-        values: dict[str, Any] = {"pending": False, "turn": None}
-        if also:
-            values.update(also)
-        if error is not None:
-            values["error"] = error
-        self._write(values, _CLEARED)
 
     def clear_partial(self) -> None:
         if self.chunks.raw(copy=False) != []:

@@ -29,7 +29,7 @@ from typing import Any
 
 import anyio
 
-from ..errors import PatternError, SchemaError
+from ..errors import NotJSONError, PatternError, SchemaError
 from ..storage import DocKey
 from .cell import Cell, Stream
 from .ids import derive
@@ -86,6 +86,10 @@ class BuiltinNode:
         Keep together only fields that the same writers write (a turn's bookkeeping); keep
         apart what others write at any time (a counter a user's events bump).
 
+        Fields may be added in a later version: a stored record that lacks some gets them,
+        at their initial values, when its instance is next run (written on condition that
+        no one wrote the record meanwhile).
+
         ``earlier``: the fields were once stored as ``state(field)`` documents of this node.
         When the record is created (the store has none), what the store holds there is read
         into it, so an instance stored by that layout keeps its state."""
@@ -103,9 +107,13 @@ class BuiltinNode:
                              lambda: f"initial value of {label}")  # a copy: owned
         seed = (lambda: self._earlier(initial, schema, label)) if earlier else None
         docs = self._b.docs
-        docs.declare(key, initial, schema, label=label, owned=True, seed=seed)
-        props = schema.get("properties") if schema else None
-        if not isinstance(props, dict) or (schema and "additionalProperties" in schema):
+        docs.declare(key, initial, schema, label=label, owned=True, seed=seed,
+                     fill=lambda stored: _filled(stored, initial))
+        if schema is None:
+            return Record(Cell(docs, key, (), None),
+                          {f: Cell(docs, key, (f,), None) for f in initial})
+        props = schema.get("properties")
+        if not isinstance(props, dict) or "additionalProperties" in schema:
             return Record(Cell(docs, key, (), schema),
                           {f: Cell(docs, key, (f,), subschema(schema, (f,))) for f in initial})
         return Record(Cell(docs, key, (), schema),
@@ -115,8 +123,9 @@ class BuiltinNode:
                  label: str) -> dict[str, Any]:
         """``fields`` with what an earlier layout stored as ``state(field)`` documents (one
         read of the store for all; none from a store made for this runtime, which holds
-        nothing older than it). A stored value its field's schema refuses is left behind,
-        with a warning: the record starts from its initial value there."""
+        nothing older than it). A stored value the record's schema refuses there, or one
+        nested too deep to sit one level down in it, is left behind with a warning: the
+        record starts from its initial value there."""
         docs = self._b.docs
         if docs.sole_writer:
             return fields
@@ -133,14 +142,17 @@ class BuiltinNode:
         value = dict(fields)
         for k, stored in found.items():
             field = names[k]
+            where = f"stored {label}.{field} (/{k.id})"
             try:
-                validate(stored.value, subschema(schema, (field,)),
-                         f"stored {label}.{field} (/{k.id})")
-            except SchemaError as e:
+                # one level deeper than it was stored, and checked by the record's whole
+                # schema (a field's own may be a $ref, or a rule of the object's)
+                kept = check_json(stored.value, where, depth=1)
+                validate({**value, field: kept}, schema, where)
+            except (NotJSONError, SchemaError) as e:
                 log.warning("%s: the value stored by an earlier version is not kept: %s",
                             label, e)
                 continue
-            value[field] = stored.value
+            value[field] = kept
         return value
 
     def scratch(self, name: str, initial: Any) -> Cell:
@@ -175,6 +187,15 @@ class BuiltinNode:
         return current_runtime().spawn(work, *args, owner=current_instance(), name=name)
 
 
+def _filled(stored: Any, fields: dict[str, Any]) -> dict[str, Any] | None:
+    """A stored record with the fields it lacks at their initial values (a newer version
+    of its builtin added them), or None when it lacks none. A record whose stored value
+    is not an object (written over by hand) is left as it is."""
+    if type(stored) is not dict or all(f in stored for f in fields):
+        return None
+    return {**fields, **stored}
+
+
 class Record(Mapping[str, Cell]):
     """A builtin's record (``BuiltinNode.record``): a cell for each of its fields, by name,
     and ``cell``, the whole document (one read for several fields)."""
@@ -187,6 +208,9 @@ class Record(Mapping[str, Cell]):
 
     def __getitem__(self, name: str) -> Cell:
         return self._fields[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._fields
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._fields)

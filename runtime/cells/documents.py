@@ -244,7 +244,8 @@ class Documents:
 
     def declare(self, key: DocKey, initial: Any, schema: dict[str, Any] | None = None,
                 label: str = "", overwrite: bool = False, readonly: str | None = None,
-                owned: bool = False, seed: Callable[[], Any] | None = None) -> Doc:
+                owned: bool = False, seed: Callable[[], Any] | None = None,
+                fill: Callable[[Any], Any] | None = None) -> Doc:
         """The stored document at ``key``: loaded if the store has it, else created with
         ``initial`` (validated, then written to the store at once so a restart finds it).
 
@@ -256,8 +257,12 @@ class Documents:
         else holds or changes (``check_json``'s copy): the document keeps it, uncopied.
         ``seed``: called only when the document is created (the store has none), for the
         value to create it with instead of ``initial`` (plain JSON, owned like ``initial``):
-        where a builtin reads what an earlier layout stored elsewhere."""
-        doc = self._declare(key, initial, schema, label, overwrite, readonly, owned, seed)
+        where a builtin reads what an earlier layout stored elsewhere. ``fill``: called with
+        the stored value when the document is loaded; what it returns (plain JSON, owned),
+        unless None, replaces it, written on condition that it is still the version loaded
+        (fields a newer version of the code adds to a record)."""
+        doc = self._declare(key, initial, schema, label, overwrite, readonly, owned, seed,
+                            fill)
         recording = self.recording
         if recording is not None:
             recording.append(key)
@@ -266,7 +271,8 @@ class Documents:
 
     def _declare(self, key: DocKey, initial: Any, schema: dict[str, Any] | None,
                  label: str, overwrite: bool, readonly: str | None, owned: bool,
-                 seed: Callable[[], Any] | None = None) -> Doc:
+                 seed: Callable[[], Any] | None = None,
+                 fill: Callable[[Any], Any] | None = None) -> Doc:
         if self.closed:
             self.check_open(f"declaring {label or 'a document'}")  # raises
         doc = self._docs.get(key)
@@ -285,6 +291,10 @@ class Documents:
                 doc.schema = schema
             doc.readonly = readonly
             doc.declared = True
+            if fill is not None and not overwrite:
+                filled = fill(doc.node.peek())
+                if filled is not None:
+                    return self._fill(doc, filled, schema, label, readonly)
             if not overwrite or same(doc.node.peek(), initial):
                 return doc
         elif seed is not None:
@@ -317,6 +327,26 @@ class Documents:
         doc.version = versions[key]
         return doc
 
+    def _fill(self, doc: Doc, value: Any, schema: dict[str, Any] | None, label: str,
+              readonly: str | None) -> Doc:
+        """``declare``'s ``fill``: ``value`` replaces the loaded one, on condition that the
+        store still holds the version loaded (else theirs stands, as for a create)."""
+        if schema is not None:
+            compile_schema(schema).validate(
+                value, lambda: f"value of {label or 'document'} (/{doc.key.id})")
+        if self._batch is not None:
+            return self._declare_later(doc.key, value, schema, label, readonly, doc, True,
+                                       doc.version)
+        try:
+            doc.version = self.store.commit([Write(doc.key, value, doc.version)])[doc.key]
+        except ConflictError:  # another process wrote it since it was loaded: theirs stands
+            stored = self.store.load(doc.key)
+            if stored is None:
+                raise
+            value, doc.version = stored.value, stored.version
+        doc.node.set(value)
+        return doc
+
     @contextmanager
     def declaring(self) -> Iterator[None]:
         """Declare the block's documents in one store commit, at its end (or before any
@@ -337,7 +367,8 @@ class Documents:
                 self._batch = None
 
     def _declare_later(self, key: DocKey, initial: Any, schema: dict[str, Any] | None,
-                       label: str, readonly: str | None, doc: Doc | None, owned: bool) -> Doc:
+                       label: str, readonly: str | None, doc: Doc | None, owned: bool,
+                       version: int | None = None) -> Doc:
         """``declare``'s write, kept for ``flush_declared``; the document is usable now (an
         owned ``initial`` is shared with the write: stores never keep nor change what they
         are handed, and the runtime changes its copy in place only after the flush)."""
@@ -355,6 +386,8 @@ class Documents:
         earlier = self._batch.get(key)
         if earlier is not None:  # declared twice in one block: one write, the first's base
             before, expect = earlier[2], earlier[0].expect
+        elif version is not None:  # a replacement on condition (``_fill``)
+            expect = version
         else:
             expect = None if before is not MISSING else 0
         self._batch[key] = (Write(key, initial, expect), doc, before)

@@ -1,18 +1,21 @@
-"""The dialog's stored layout: what its turns write is one record (the turn protocol's fields
-with the dialog's usage, stop reason, result and handler answers); what users' events write
-at any time (``dropped``, ``pins``) stays apart. A dialog stored when each field was a
-document of its own is read into the record the first time it runs again."""
+"""The dialog's stored layout: the turn protocol's two records (the turn's own: ``pending``,
+the turn, ``partial``'s chunks, ``stop_reason``, the handler answers; its outcome: ``error``,
+``usage``, ``dropped``, the pins); ``result``, written by presentResult's step (a
+commit not run again on a conflict), stays apart, so a user's write from another process
+never makes a turn's step conflict. A dialog stored when each cell was a document of its
+own is read into the records the first time it runs again."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from runtime import Runtime, cell, llm_dialog, pattern
 from runtime.cells import BuiltinNode
 from runtime.cells.ids import derive
-from runtime.llm import Reply, ScriptedModel, Usage
+from runtime.llm import Reply, ScriptedModel, Usage, call
 from runtime.storage import DocKey, SQLiteStore, Write
 
 pytestmark = pytest.mark.anyio
@@ -44,22 +47,124 @@ def spy(monkeypatch):
     return NODES
 
 
-async def test_the_turns_write_one_record_and_users_events_their_own_documents(spy):
+async def test_the_turns_write_two_records_and_the_rest_their_own_documents(spy):
     async with Runtime(model=ScriptedModel(["hello"])) as rt:
         inst = rt.run(agent, session="s")
-        where = {name: inst.result.key(name).resolve().doc_key
-                 for name in ("pending", "error", "usage", "stop_reason", "result")}
-        assert len(set(where.values())) == 1  # one record
-        apart = {inst.result.key(n).resolve().doc_key for n in ("dropped", "pins")}
-        assert len(apart) == 2 and not apart & set(where.values())
+
+        def where(name: str) -> DocKey:
+            return inst.result.key(name).resolve().doc_key
+
+        turn, outcome = where("pending"), where("error")
+        assert turn != outcome
+        assert where("stop_reason") == turn
+        assert where("usage") == where("dropped") == where("pins") == outcome
+        assert where("result") not in {turn, outcome}
         commits: list[set[str]] = []
         rt.on_commit(lambda changes: commits.append({c.id for c in changes}))
         await inst.send("send", "hi")
         await rt.settled()
-        record = where["pending"].id
-        # the turn's start and its end: each one commit, the record once in each
-        assert [record in c for c in commits] == [True, True]
+        # the turn's start and its end: each one commit of the turn's record; the outcome
+        # is read by both (what they would clear is clear already) and written by neither
+        # (no error, no usage reported)
+        assert [(turn.id in c, outcome.id in c) for c in commits] == [(True, False),
+                                                                      (True, False)]
         assert inst.result.key("stop_reason").get() == "end_turn"
+
+
+class Gate:
+    """A model whose replies wait until the test opens the gate (``started`` once asked)."""
+
+    provider = "scripted"
+    name = "gate"
+
+    def __init__(self, script: list[Any]) -> None:
+        self.inner = ScriptedModel(script)
+        self.started = anyio.Event()
+        self.opened = anyio.Event()
+
+    async def generate(self, request: Any) -> Any:
+        raise NotImplementedError
+
+    async def stream(self, request: Any) -> Any:
+        self.started.set()
+        await self.opened.wait()
+        async for event in self.inner.stream(request):
+            yield event
+
+
+RESULT = {"type": "object", "properties": {"answer": {}}, "required": ["answer"]}
+
+
+@pattern(name="layout-presenter")
+def presenter():
+    messages = cell([], name="messages")
+    chat = llm_dialog(messages, result_schema=RESULT, builtin_tools=False)
+    return {"messages": messages, "send": chat.add_message, "result": chat.result,
+            "pending": chat.pending, "error": chat.error, "usage": chat.usage}
+
+
+@pattern(name="layout-pinner")
+def pinner():
+    notes = cell({"text": "hello"}, name="notes")
+    messages = cell([], name="messages")
+    chat = llm_dialog(messages, context={"notes": notes})
+    return {"messages": messages, "send": chat.add_message, "pins": chat.pinned_cells,
+            "pending": chat.pending, "error": chat.error, "usage": chat.usage,
+            "dropped": chat.dropped, "notes": notes}
+
+
+async def test_a_pin_the_model_makes_lands_after_another_process_wrote_the_outcome(tmp_path):
+    """The pins share the outcome record with usage and the dropped count: a write to it
+    from another process meanwhile makes the pin tool's commit conflict, and the pin is made
+    again on the fresh record (as a handler would be), not refused."""
+    url = f"sqlite:///{tmp_path / 'pins.db'}"
+    async with Runtime() as probe:
+        path = probe.run(pinner).result.key("notes").resolve().link()["@link"]
+    model = Gate([Reply(tool_calls=[call("pin", {"path": path, "name": "the notes"})]),
+                  "pinned"])
+    async with Runtime(store=url, model=model) as a_rt, Runtime(store=url) as b_rt:
+        a, b = a_rt.run(pinner), b_rt.run(pinner)
+        await a.send("send", "pin the notes")
+        with anyio.fail_after(10):
+            await model.started.wait()
+        b.result.key("usage").refresh()
+        b.result.key("usage").set({"input_tokens": 7, "output_tokens": 0,
+                                   "cache_read_tokens": 0, "cache_write_tokens": 0})
+        model.opened.set()
+        with anyio.fail_after(10):
+            await a_rt.settled()
+        [result] = [blk for m in a.result.key("messages").get() for blk in m["blocks"]
+                    if blk["kind"] == "tool_result"]
+        assert not result["is_error"] and "Pinned" in result["content"]
+        assert [p["name"] for p in a.result.key("pins").get()] == ["the notes"]
+        assert a.result.key("usage").get()["input_tokens"] == 7  # B's write stands
+        assert a.result.key("error").get() is None
+
+
+@pytest.mark.parametrize("written", ["usage", "error"])
+async def test_a_users_write_from_another_process_during_a_turn_leaves_its_step_alone(
+        tmp_path, written):
+    """B resets the dialog's usage (or dismisses its error) while A's turn waits for its
+    model: A's step, whose commit reads the turn's record, still lands."""
+    url = f"sqlite:///{tmp_path / 'two.db'}"
+    model = Gate([Reply(tool_calls=[call("presentResult", {"answer": 42})]), "done"])
+    value = ({"input_tokens": 7, "output_tokens": 0, "cache_read_tokens": 0,
+              "cache_write_tokens": 0} if written == "usage" else "dismissed")
+    async with Runtime(store=url, model=model) as a_rt, Runtime(store=url) as b_rt:
+        a, b = a_rt.run(presenter), b_rt.run(presenter)
+        await a.send("send", "present 42")
+        with anyio.fail_after(10):
+            await model.started.wait()
+        b.result.key(written).refresh()
+        b.result.key(written).set(value)
+        model.opened.set()
+        with anyio.fail_after(10):
+            await a_rt.settled()
+        assert a.result.key("result").get() == {"answer": 42}
+        assert a.result.key("pending").get() is False
+        assert a.result.key("error").get() is None  # the turn's end wrote its own outcome
+        texts = [m["blocks"][-1].get("text") for m in a.result.key("messages").get()]
+        assert texts[-1] == "done"
 
 
 async def test_a_dialog_stored_by_the_earlier_layout_keeps_its_state_and_recovers(spy,
@@ -67,7 +172,8 @@ async def test_a_dialog_stored_by_the_earlier_layout_keeps_its_state_and_recover
     # where the earlier layout kept each field: a document per name, from the node's cause
     async with Runtime() as rt:
         rt.run(agent, session="s")
-    [node] = spy
+    assert len({id(n) for n in spy}) == 1  # one dialog node (two records)
+    node = spy[0]
     url = f"sqlite:///{tmp_path / 'old.db'}"
     spent = {"input_tokens": 10, "output_tokens": 4, "cache_read_tokens": 2,
              "cache_write_tokens": 0}

@@ -216,9 +216,12 @@ async def test_a_result_stored_by_the_earlier_layout_is_kept_without_calling_the
                        model=ScriptedModel(["Paris."])) as rt:
         inst = rt.run(writer, {"prompt": "Capital of France?"})
         await rt.settled()
-        [node] = nodes
-        stored = rt.store.load(inst.result.key("result").resolve().doc_key).value
-    assert stored["result"] == "Paris." and stored["request"]
+        node = nodes[0]
+        # every cell as the earlier layout stored it: the records' fields, and the result
+        stored = {"result": inst.result.key("result").get()}
+        for name in ("pending", "error"):  # one field of each record
+            stored.update(rt.store.load(inst.result.key(name).resolve().doc_key).value)
+    assert stored["result"] == "Paris." and stored["request"] and stored["pending"] is False
     old = SQLiteStore(str(tmp_path / "old.db"))  # each field where the earlier layout put it
     old.commit([Write(DocKey(node.space, node.scope.key, derive(node.cause, "state", f)), v, 0)
                 for f, v in stored.items()])

@@ -197,3 +197,116 @@ async def test_the_earlier_layout_is_looked_up_once_and_only_for_a_new_record():
     async with Runtime(store="memory") as rt:  # a store made for this runtime: nothing older
         rt.run(user, session="s1")
         assert rt.run(user, session="s1").result.key("count").get() == 0
+
+
+SHAPED = {
+    "type": "object",
+    "$defs": {"Inner": {"type": "object", "properties": {"n": {"type": "integer"}},
+                        "required": ["n"]}},
+    "properties": {"good": {"$ref": "#/$defs/Inner"}, "bad": {"$ref": "#/$defs/Inner"}},
+    "patternProperties": {"^odd": {"type": "string"}},
+}
+SHAPED_FIELDS = {"good": {"n": 0}, "bad": {"n": 0}, "odd_one": "x", "deep": None}
+
+
+def _nested(levels: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(levels):
+        value = {"d": value}
+    return value
+
+
+@pattern(name="shaped-user")
+def shaped_user() -> dict[str, Any]:
+    from runtime import cell
+
+    items = cell([], name="items")
+    node = BuiltinNode("shaped", [items], name="s")
+    if LAYOUT["version"] == 1:  # no schema then: anything was stored
+        return {f: node.state(f, v) for f, v in SHAPED_FIELDS.items()}
+    record = node.record("shaped", SHAPED_FIELDS, SHAPED, earlier=True)
+    return {f: record[f] for f in record}
+
+
+async def test_earlier_values_are_checked_by_the_whole_schema_and_one_level_down(tmp_path,
+                                                                                  caplog):
+    """A field's schema that is a $ref, a rule of the object's (``patternProperties``), and
+    the nesting limit one level further down: what fails is left behind, the rest kept, and
+    the instance runs."""
+    url = f"sqlite:///{tmp_path / 'shaped.db'}"
+    LAYOUT["version"] = 1
+    old = {"good": {"n": 5}, "bad": {"n": "five"}, "odd_one": 3, "deep": _nested(100)}
+    async with Runtime(store=url) as rt:
+        inst = rt.run(shaped_user)
+        for name, value in old.items():
+            inst.result.key(name).resolve().set(value)
+    LAYOUT["version"] = 2
+    with caplog.at_level(logging.WARNING, logger="celldialog"):
+        async with Runtime(store=url) as rt:
+            inst = rt.run(shaped_user)
+            assert inst.result.get() == {**SHAPED_FIELDS, "good": {"n": 5}}
+    left = sorted(r.getMessage().split(" (/")[0].rsplit(".", 1)[-1]
+                  for r in caplog.records if "earlier version" in r.getMessage())
+    assert left == ["bad", "deep", "odd_one"]
+
+
+GROWING: dict[str, Any] = {"fields": {"count": 0}}
+
+
+@pattern(name="growing-user")
+def growing_user() -> dict[str, Any]:
+    node = BuiltinNode("growing", [], name="g")
+    record = node.record("grow", GROWING["fields"], SCHEMA)
+    RECORDS.append(record)
+    return {f: record[f] for f in record}
+
+
+async def test_a_field_added_by_a_newer_version_is_filled_in_and_stored(tmp_path):
+    url = f"sqlite:///{tmp_path / 'grow.db'}"
+    GROWING["fields"] = {"count": 0}
+    try:
+        async with Runtime(store=url) as rt:
+            rt.run(growing_user).result.key("count").resolve().set(4)
+        GROWING["fields"] = {"count": 0, "flag": False, "log": []}
+        async with Runtime(store=url) as rt:
+            inst = rt.run(growing_user)
+            assert inst.result.get() == {"count": 4, "flag": False, "log": []}
+            RECORDS[-1]["log"].push("new field, writable")
+            key = RECORDS[-1].cell.doc_key
+        async with Runtime(store=url) as rt:  # stored: read back as it was left
+            assert rt.run(growing_user).result.get() == {"count": 4, "flag": False,
+                                                         "log": ["new field, writable"]}
+        store = SQLiteStore(str(tmp_path / "grow.db"))
+        assert store.load(key).value == {"count": 4, "flag": False,
+                                         "log": ["new field, writable"]}
+        store.close()
+    finally:
+        GROWING["fields"] = {"count": 0}
+
+
+async def test_a_field_filled_in_never_overwrites_what_another_process_wrote(tmp_path):
+    """The fill is written on condition: another process's write between this one's load
+    and its write stands (the fill is retried by nobody, and nothing of theirs is lost)."""
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    GROWING["fields"] = {"count": 0}
+    try:
+        async with Runtime(store=url) as rt:
+            rt.run(growing_user)
+            key = RECORDS[-1].cell.doc_key
+        GROWING["fields"] = {"count": 0, "flag": False}
+
+        class Racing(SQLiteStore):
+            def load(self, k):
+                got = super().load(k)
+                if k == key and got is not None:  # another process writes right after
+                    other = SQLiteStore(self.path)
+                    other.commit([Write(k, {"count": 9}, got.version)])
+                    other.close()
+                return got
+
+        store = Racing(str(tmp_path / "race.db"))
+        async with Runtime(store=store) as rt:
+            inst = rt.run(growing_user)
+            assert inst.result.key("count").get() == 9  # theirs stands
+    finally:
+        GROWING["fields"] = {"count": 0}
