@@ -18,6 +18,8 @@ from runtime.cells.ids import derive
 from runtime.llm import Reply, ScriptedModel, Usage, call
 from runtime.storage import DocKey, SQLiteStore, Write
 
+from .support import Gate
+
 pytestmark = pytest.mark.anyio
 
 NODES: list[BuiltinNode] = []
@@ -69,27 +71,6 @@ async def test_the_turns_write_two_records_and_the_rest_their_own_documents(spy)
         assert [(turn.id in c, outcome.id in c) for c in commits] == [(True, False),
                                                                       (True, False)]
         assert inst.result.key("stop_reason").get() == "end_turn"
-
-
-class Gate:
-    """A model whose replies wait until the test opens the gate (``started`` once asked)."""
-
-    provider = "scripted"
-    name = "gate"
-
-    def __init__(self, script: list[Any]) -> None:
-        self.inner = ScriptedModel(script)
-        self.started = anyio.Event()
-        self.opened = anyio.Event()
-
-    async def generate(self, request: Any) -> Any:
-        raise NotImplementedError
-
-    async def stream(self, request: Any) -> Any:
-        self.started.set()
-        await self.opened.wait()
-        async for event in self.inner.stream(request):
-            yield event
 
 
 RESULT = {"type": "object", "properties": {"answer": {}}, "required": ["answer"]}
