@@ -50,7 +50,7 @@ from ..cells import (
     to_json_schema,
     validate,
 )
-from ..errors import PatternError, SchemaError
+from ..errors import ConflictError, PatternError, SchemaError
 from ..llm import (
     DEFAULT_MAX_STEPS,
     Message,
@@ -77,6 +77,7 @@ log = logging.getLogger("celldialog.generate")
 _SHOWN = 200  # characters of a bad answer quoted in an error
 # a generation's field of its turn record, beside the turn protocol's (initial value)
 _GENERATE_OWN = {"request": None}
+_END_RETRIES = 3  # a generation's end written again on fresh state after a conflict
 
 
 @dataclass(frozen=True)
@@ -430,11 +431,21 @@ class _Generation:
                 run.text.reset()
 
     def _end(self, rt: Runtime, turn: str, value: Any, error: str | None) -> None:
-        with rt.transaction():
-            if not self.state.owns(rt, turn):
-                return  # superseded, emptied or stopped: a late answer lands nowhere
-            self.result.set(value)
-            self.state.end(error)
+        """The generation's result or error, and its end, in one commit while it is still
+        the current one: run again on a conflict (another process's write to the outcome,
+        say an error dismissed, caught up with since), on the fresh state."""
+        for attempt in range(_END_RETRIES + 1):
+            try:
+                with rt.transaction():
+                    if not self.state.owns(rt, turn):
+                        return  # superseded, emptied or stopped: a late answer lands nowhere
+                    self.result.set(value)
+                    self.state.end(error)
+                return
+            except ConflictError:
+                if attempt == _END_RETRIES:
+                    raise
+                self.state.refresh(rt)  # another process may have replaced the turn
 
 
 def _value(x: Cell | str | None) -> Any:

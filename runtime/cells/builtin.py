@@ -87,8 +87,8 @@ class BuiltinNode:
         apart what others write at any time (a counter a user's events bump).
 
         Fields may be added in a later version: a stored record that lacks some gets them,
-        at their initial values, when its instance is next run (written on condition that
-        no one wrote the record meanwhile).
+        at their initial values, when its instance is next run (written on condition of the
+        version read; on what another process wrote meanwhile, if it did).
 
         ``earlier``: the fields were once stored as ``state(field)`` documents of this node.
         When the record is created (the store has none), what the store holds there is read

@@ -68,6 +68,8 @@ MAX_LINK_HOPS = 64
 MAX_ERRORS = 1000
 log = logging.getLogger("celldialog")
 
+FILL_RETRIES = 3  # a fill (``Documents.declare``) written again on what another process wrote
+
 _tx: ContextVar[Transaction | None] = ContextVar("celldialog_transaction", default=None)
 
 
@@ -185,6 +187,8 @@ class Documents:
         self.store = store
         # declaring(): the writes kept for one commit, by key (write, doc, value before)
         self._batch: dict[DocKey, tuple[Write, Doc, Any]] | None = None
+        # ... and the fills among them (``declare(fill=...)``), applied again on a conflict
+        self._fills: dict[DocKey, Callable[[Any], Any]] = {}
         # the store is this runtime's alone (a MemoryStore made for it): no other writer,
         # so what is loaded here is what is stored
         self.sole_writer = False
@@ -294,7 +298,7 @@ class Documents:
             if fill is not None and not overwrite:
                 filled = fill(doc.node.peek())
                 if filled is not None:
-                    return self._fill(doc, filled, schema, label, readonly)
+                    return self._fill(doc, filled, fill, label, readonly, initial)
             if not overwrite or same(doc.node.peek(), initial):
                 return doc
         elif seed is not None:
@@ -327,25 +331,47 @@ class Documents:
         doc.version = versions[key]
         return doc
 
-    def _fill(self, doc: Doc, value: Any, schema: dict[str, Any] | None, label: str,
-              readonly: str | None) -> Doc:
+    def _fill(self, doc: Doc, value: Any, fill: Callable[[Any], Any], label: str,
+              readonly: str | None, initial: Any) -> Doc:
         """``declare``'s ``fill``: ``value`` replaces the loaded one, on condition that the
-        store still holds the version loaded (else theirs stands, as for a create)."""
-        if schema is not None:
-            compile_schema(schema).validate(
-                value, lambda: f"value of {label or 'document'} (/{doc.key.id})")
+        store still holds the version loaded; if another process wrote it meanwhile, theirs
+        is filled in the same way (``_theirs``). What is filled in comes from ``initial``,
+        checked against the schema (the stored rest is not checked again, as a load is
+        not)."""
+        if doc.schema is not None:
+            compile_schema(doc.schema).validate(
+                initial, lambda: f"initial value of {label or 'document'} (/{doc.key.id})")
         if self._batch is not None:
-            return self._declare_later(doc.key, value, schema, label, readonly, doc, True,
+            self._fills[doc.key] = fill
+            return self._declare_later(doc.key, value, doc.schema, label, readonly, doc, True,
                                        doc.version)
         try:
             doc.version = self.store.commit([Write(doc.key, value, doc.version)])[doc.key]
-        except ConflictError:  # another process wrote it since it was loaded: theirs stands
-            stored = self.store.load(doc.key)
-            if stored is None:
-                raise
-            value, doc.version = stored.value, stored.version
+        except ConflictError:  # another process wrote it since it was loaded
+            self._theirs(doc, fill)
+            return doc
         doc.node.set(value)
         return doc
+
+    def _theirs(self, doc: Doc, fill: Callable[[Any], Any] | None) -> None:
+        """After a conditional write of ``doc`` conflicted: what the store holds now stands,
+        with ``fill``'s fields filled in (on condition again, a few times at most)."""
+        key = doc.key
+        for _ in range(FILL_RETRIES):
+            stored = self.store.load(key)
+            if stored is None:
+                raise ConflictError(f"{doc.describe()} was removed while it was declared")
+            filled = fill(stored.value) if fill is not None else None
+            if filled is None:
+                break
+            try:
+                doc.version = self.store.commit([Write(key, filled, stored.version)])[key]
+            except ConflictError:
+                continue
+            doc.node.set(filled)
+            return
+        doc.node.set(stored.value)
+        doc.version = stored.version
 
     @contextmanager
     def declaring(self) -> Iterator[None]:
@@ -405,6 +431,12 @@ class Documents:
         pending = list(batch.values())
         batch.clear()
         try:
+            self._flush(pending)
+        finally:
+            self._fills.clear()
+
+    def _flush(self, pending: list[tuple[Write, Doc, Any]]) -> None:
+        try:
             try:
                 versions = self.store.commit([w for w, _, _ in pending])
             except ConflictError:
@@ -424,12 +456,10 @@ class Documents:
     def _store_one(self, write: Write, doc: Doc) -> None:
         try:
             doc.version = self.store.commit([write])[write.key]
-        except ConflictError:  # another process created it first: theirs stands
-            stored = self.store.load(write.key)
-            if stored is None:
+        except ConflictError:  # another process created (or, for a fill, wrote) it first
+            if self.store.load(write.key) is None:
                 raise
-            doc.node.set(stored.value)
-            doc.version = stored.version
+            self._theirs(doc, self._fills.get(write.key))
 
     def scratch(self, key: DocKey, initial: Any, label: str = "") -> Doc:
         """A document whose writes last only for the transaction that makes them: never

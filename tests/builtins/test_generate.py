@@ -558,3 +558,38 @@ async def test_an_invalid_schema_is_refused_while_building():
     async with Runtime(model=ScriptedModel([])) as rt:
         with pytest.raises(SchemaError, match="invalid JSON Schema"):
             rt.run(broken)
+
+
+@pattern(name="generate-two-processes")
+def prompted():
+    prompt = cell("hello", name="prompt")
+    gen = generate_text(prompt)
+    return {"pending": gen.pending, "result": gen.result, "error": gen.error}
+
+
+@pytest.mark.parametrize("fails", [True, False])
+async def test_an_outcome_written_by_another_process_meanwhile_does_not_lose_the_end(
+        tmp_path, fails):
+    """B writes the generation's error (its outcome record) while A's model call runs, and
+    A's copy is behind: A's end conflicts, is written again on the fresh state, and lands
+    (before, the conflict escaped and the generation stayed pending for good)."""
+    from .support import Gate
+
+    url = f"sqlite:///{tmp_path / 'two.db'}"
+    model = Gate([RuntimeError("model boom") if fails else "the answer"])
+    async with Runtime(store=url, model=model) as a_rt, \
+            Runtime(store=url, model=ScriptedModel([])) as b_rt:
+        a = a_rt.run(prompted)
+        with anyio.fail_after(10):
+            await model.started.wait()
+        error = b_rt.run(prompted).result.key("error")  # A's live turn: B runs nothing
+        error.refresh()
+        error.set("set by B")
+        model.opened.set()
+        with anyio.fail_after(10):
+            await a_rt.settled()
+        assert _out(a, "pending") is False
+        if fails:
+            assert "model boom" in _out(a, "error") and _out(a, "result") is None
+        else:
+            assert _out(a, "result") == "the answer" and _out(a, "error") is None

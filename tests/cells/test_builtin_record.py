@@ -286,7 +286,8 @@ async def test_a_field_added_by_a_newer_version_is_filled_in_and_stored(tmp_path
 
 async def test_a_field_filled_in_never_overwrites_what_another_process_wrote(tmp_path):
     """The fill is written on condition: another process's write between this one's load
-    and its write stands (the fill is retried by nobody, and nothing of theirs is lost)."""
+    and its write stands, with the field filled in on it (an older version of the code
+    writing during an upgrade writes records without it)."""
     url = f"sqlite:///{tmp_path / 'race.db'}"
     GROWING["fields"] = {"count": 0}
     try:
@@ -296,9 +297,12 @@ async def test_a_field_filled_in_never_overwrites_what_another_process_wrote(tmp
         GROWING["fields"] = {"count": 0, "flag": False}
 
         class Racing(SQLiteStore):
+            raced = False
+
             def load(self, k):
                 got = super().load(k)
-                if k == key and got is not None:  # another process writes right after
+                if k == key and got is not None and not self.raced:
+                    self.raced = True  # another process writes right after the first load
                     other = SQLiteStore(self.path)
                     other.commit([Write(k, {"count": 9}, got.version)])
                     other.close()
@@ -307,6 +311,42 @@ async def test_a_field_filled_in_never_overwrites_what_another_process_wrote(tmp
         store = Racing(str(tmp_path / "race.db"))
         async with Runtime(store=store) as rt:
             inst = rt.run(growing_user)
-            assert inst.result.key("count").get() == 9  # theirs stands
+            assert inst.result.get() == {"count": 9, "flag": False}  # theirs, filled in
+        check = SQLiteStore(str(tmp_path / "race.db"))
+        assert check.load(key).value == {"count": 9, "flag": False}
+        check.close()
     finally:
         GROWING["fields"] = {"count": 0}
+
+
+async def test_a_fill_outside_a_build_is_written_on_condition_too(tmp_path):
+    """``Documents.declare(fill=...)`` on its own (no ``declaring()`` block): the fill is
+    stored at once, and made on another process's write if that came between."""
+    from runtime.storage import DocKey
+
+    path = tmp_path / "fill.db"
+    quiet, raced = DocKey("default", "", "quiet"), DocKey("default", "", "raced")
+    seed = SQLiteStore(str(path))
+    seed.commit([Write(quiet, {"count": 1}, 0), Write(raced, {"count": 1}, 0)])
+    seed.close()
+
+    class Racing(SQLiteStore):
+        done = False
+
+        def load(self, k):
+            got = super().load(k)
+            if k == raced and got is not None and not self.done:
+                self.done = True
+                other = SQLiteStore(self.path)
+                other.commit([Write(k, {"count": 5}, got.version)])
+                other.close()
+            return got
+
+    def fill(stored: Any) -> Any:
+        return None if "flag" in stored else {"flag": False, **stored}
+
+    async with Runtime(store=Racing(str(path))) as rt:
+        for key, count in ((quiet, 1), (raced, 5)):
+            doc = rt.docs.declare(key, {"count": 0, "flag": False}, fill=fill)
+            assert doc.node.peek() == {"count": count, "flag": False}
+            assert rt.store.load(key).value == {"count": count, "flag": False}
