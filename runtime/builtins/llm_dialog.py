@@ -411,8 +411,14 @@ class _DialogNode:
         run of the instance does not find a turn pending that nothing runs."""
         try:
             if self._scopes and self._rt is not None:  # a turn of this process runs
-                with self._rt.transaction():
-                    self._cancel()
+                for attempt in range(STEP_RETRIES + 1):  # again on the state caught up with
+                    try:
+                        with self._rt.transaction():
+                            self._cancel()
+                        break
+                    except ConflictError:
+                        if attempt == STEP_RETRIES:
+                            raise
         finally:
             for scope in self._scopes.values():
                 scope.cancel()

@@ -15,6 +15,7 @@ import pytest
 from runtime import Runtime, cell, llm_dialog, pattern
 from runtime.cells import BuiltinNode
 from runtime.cells.ids import derive
+from runtime.errors import ConflictError
 from runtime.llm import Reply, ScriptedModel, Usage, call
 from runtime.storage import DocKey, SQLiteStore, Write
 
@@ -81,7 +82,8 @@ def presenter():
     messages = cell([], name="messages")
     chat = llm_dialog(messages, result_schema=RESULT, builtin_tools=False)
     return {"messages": messages, "send": chat.add_message, "result": chat.result,
-            "pending": chat.pending, "error": chat.error, "usage": chat.usage}
+            "pending": chat.pending, "error": chat.error, "usage": chat.usage,
+            "cancel": chat.cancel_generation}
 
 
 @pattern(name="layout-pinner")
@@ -184,3 +186,26 @@ async def test_a_dialog_stored_by_the_earlier_layout_keeps_its_state_and_recover
         assert inst.result.key("usage").get() == {**spent, "input_tokens": 15,
                                                   "output_tokens": 5}
         assert inst.result.key("stop_reason").get() == "end_turn"
+
+
+async def test_stopping_an_instance_after_another_process_cancelled_its_turn(tmp_path):
+    """B cancels A's turn and A's copy is behind (``follow=False``); then A's instance stops,
+    which cancels the turn it still believes pending: that commit conflicts and runs again on
+    the state caught up with, which has nothing pending (it was reported as the stop's
+    error before)."""
+    url = f"sqlite:///{tmp_path / 'stop.db'}"
+    model = Gate(["never sent"])
+    async with Runtime(store=url, model=model, follow=False) as a_rt, \
+            Runtime(store=url) as b_rt:
+        a, b = a_rt.run(presenter), b_rt.run(presenter)
+        await a.send("send", "a long one")
+        with anyio.fail_after(10):
+            await model.started.wait()
+        await b.send("cancel", None)
+        assert a.result.key("pending").get() is True  # A has not heard
+        a_rt.stop(a)
+        assert not [e for _, e in a_rt.errors if isinstance(e, ConflictError)]
+        b.result.key("pending").refresh()
+        assert b.result.key("pending").get() is False
+        cancelled = [blk for m in b.result.key("messages").get() for blk in m["blocks"]]
+        assert [blk["kind"] for blk in cancelled] == ["text"]  # one user message, once
