@@ -33,7 +33,7 @@ from ..cells import BuiltinNode, Cell, Runtime, Timer, computed
 from ..llm.errors import cap_message
 
 __all__ = ["OUTCOME_FIELDS", "PARTIAL_INTERVAL", "TURN_FIELDS", "PartialText", "TurnState",
-           "log_failed_turn", "turn_schema"]
+           "log_failed_turn"]
 
 PARTIAL_INTERVAL = 0.25  # seconds between flushes of streamed text into `partial`
 
@@ -57,13 +57,8 @@ OUTCOME_FIELDS: dict[str, Any] = {"error": None}
 """The turn's outcome record: its fields and their initial values (never change it)."""
 
 
-def turn_schema(fields: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The schema of a turn record: ``pending`` a boolean, ``fields`` (name -> JSON Schema)
-    for the builtin's own. Make it once, at import: every instance passes the same one."""
-    return {"type": "object", "properties": {"pending": {"type": "boolean"}, **(fields or {})}}
-
-
-_TURN_SCHEMA = turn_schema()
+# the turn's record: ``pending`` a boolean (one dict, made once: every instance passes it)
+_TURN_SCHEMA = {"type": "object", "properties": {"pending": {"type": "boolean"}}}
 _CLEARED: dict[str, Any] = {"error": None, "partial_chunks": []}  # as a turn starts and ends
 _ABSENT: Any = object()
 
