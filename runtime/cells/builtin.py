@@ -109,15 +109,14 @@ class BuiltinNode:
         docs = self._b.docs
         docs.declare(key, initial, schema, label=label, owned=True, seed=seed,
                      fill=lambda stored: _filled(stored, initial))
-        if schema is None:
-            return Record(Cell(docs, key, (), None),
-                          {f: Cell(docs, key, (f,), None) for f in initial})
-        props = schema.get("properties")
-        if not isinstance(props, dict) or "additionalProperties" in schema:
-            return Record(Cell(docs, key, (), schema),
-                          {f: Cell(docs, key, (f,), subschema(schema, (f,))) for f in initial})
-        return Record(Cell(docs, key, (), schema),
-                      {f: Cell(docs, key, (f,), props.get(f)) for f in initial})
+        # each field's schema: its ``properties`` entry when that is all there is (the
+        # usual record), else what ``subschema`` finds
+        props = schema.get("properties") if schema is not None else None
+        simple = schema is None or (type(props) is dict and "additionalProperties" not in schema)
+        return Record(Cell(docs, key, (), schema), {
+            f: Cell(docs, key, (f,), (props.get(f) if props is not None else None) if simple
+                    else subschema(schema, (f,)))
+            for f in initial})
 
     def _earlier(self, fields: dict[str, Any], schema: dict[str, Any] | None,
                  label: str) -> dict[str, Any]:
