@@ -8,9 +8,12 @@ connection or a hang until the client goes away.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import socket
+import termios
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -78,8 +81,13 @@ class Exchange:
         self.handler.wfile.flush()
 
     def drop(self) -> None:
-        """Close the TCP connection abruptly (RST), mid-response."""
+        """Close the TCP connection abruptly (RST), mid-response, after the client's kernel
+        has every byte written before it (``delivered``): the reset discards what is still
+        unsent (held back by Nagle's rule or autocorking on a busy machine) and may overtake
+        segments in flight, so without the wait "the events before the drop" arrive only
+        sometimes."""
         sock = self.handler.connection
+        delivered(sock)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         sock.close()
         self.handler.close_connection = True
@@ -98,6 +106,21 @@ class Exchange:
         except OSError:  # reset by the client: it is gone
             self.closed_by_client.set()
             return True
+
+
+def delivered(sock: socket.socket, limit: float = 10.0) -> bool:
+    """Wait until ``sock``'s send queue is empty: every byte written was acknowledged by the
+    peer's kernel (Linux ``SIOCOUTQ``). The kernel offers no event for it, so this polls,
+    a millisecond apart, for at most ``limit`` seconds; False if bytes are still queued."""
+    deadline = time.monotonic() + limit
+    queued = bytearray(4)
+    while True:
+        fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, queued)
+        if not int.from_bytes(queued, "little"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
 
 
 Respond = Callable[[Recorded, Exchange], None]
