@@ -111,16 +111,26 @@ class Exchange:
 def delivered(sock: socket.socket, limit: float = 10.0) -> bool:
     """Wait until ``sock``'s send queue is empty: every byte written was acknowledged by the
     peer's kernel (Linux ``SIOCOUTQ``). The kernel offers no event for it, so this polls,
-    a millisecond apart, for at most ``limit`` seconds; False if bytes are still queued."""
+    a millisecond apart, for at most ``limit`` seconds. False if bytes are still queued, or
+    the peer is gone (reset: nothing will be acknowledged any more)."""
     deadline = time.monotonic() + limit
     queued = bytearray(4)
     while True:
-        fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, queued)
+        try:
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+            fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, queued)
+        except OSError:
+            return False
+        if state not in _OPEN:
+            return False
         if not int.from_bytes(queued, "little"):
             return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.001)
+
+
+_OPEN = (1, 8)  # TCP_ESTABLISHED, TCP_CLOSE_WAIT (the client closed its side: it still acks)
 
 
 Respond = Callable[[Recorded, Exchange], None]
