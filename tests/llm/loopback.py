@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import socket
+import sys
 import termios
 import threading
 import time
@@ -133,6 +134,14 @@ def delivered(sock: socket.socket, limit: float = 10.0) -> bool:
 _OPEN = (1, 8)  # TCP_ESTABLISHED, TCP_CLOSE_WAIT (the client closed its side: it still acks)
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that resets a kept-alive connection while the server waits for its next
+        request is a client going away, not an error of the server's: stay quiet on it."""
+        if not isinstance(sys.exc_info()[1], ConnectionResetError | BrokenPipeError):
+            super().handle_error(request, client_address)
+
+
 Respond = Callable[[Recorded, Exchange], None]
 
 
@@ -165,7 +174,7 @@ class LoopbackServer:
                 except (BrokenPipeError, ConnectionResetError):
                     ex.closed_by_client.set()
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         # A short poll interval: ``shutdown()`` waits up to one interval (0.5 s by default).
         self._thread = threading.Thread(
