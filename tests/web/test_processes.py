@@ -257,8 +257,11 @@ async def test_a_conversation_alternating_between_processes_loses_no_message(ser
 # -- in a browser: one person, two tabs, each on its own process ----------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def chromium() -> Iterator[Chromium]:
+    """For one test: ``sync_playwright`` keeps an event loop running on this thread until
+    it ends, and an async test run while it lasts fails ("Cannot run the event loop
+    while another loop is running"), so it must end with the test that uses it."""
     with sync_playwright() as pw:
         browser = launch(pw)
         try:
