@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import socket
+import struct
 import sys
 import termios
 import threading
@@ -89,7 +90,7 @@ class Exchange:
         sometimes."""
         sock = self.handler.connection
         delivered(sock)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
         sock.close()
         self.handler.close_connection = True
 
@@ -107,6 +108,10 @@ class Exchange:
         except OSError:  # reset by the client: it is gone
             self.closed_by_client.set()
             return True
+
+
+# SO_LINGER on with a zero timeout: close() sends a reset (RST) instead of a FIN
+RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
 def delivered(sock: socket.socket, limit: float = 10.0) -> bool:
